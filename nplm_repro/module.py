@@ -1,0 +1,109 @@
+"""The LightningModule around eq. (1): loss, the two optimiser recipes, exact perplexity.
+
+Recipes (`optim.recipe`):
+- `paper`: SGD with eps_t = eps_0 / (1 + r t) (p.1147), t counting training examples. The paper updates
+  after every word; we average the loss over a mini-batch of B words and use the step B * eps_0, so one
+  mini-batch moves the weights as far as the paper's B single-word updates would (to first order), and
+  weight decay lambda shrinks them by B * eps_0 * lambda per batch, as the paper's per-update decay does.
+- `fast`: Adam with the same L2 penalty on the same weights, larger steps early; see conf/optim/fast.yaml.
+Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
+
+Perplexity is exp(mean negative log-likelihood) over every token of a split, from the exact softmax,
+with the per-token terms summed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torch.nn import functional as F
+
+from nplm_repro.model import NPLM
+
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+class NPLMModule(L.LightningModule):
+    def __init__(self, vocab_size: int, n: int, m: int, h: int, direct: bool, optim: dict[str, Any]) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = NPLM(vocab_size, n, m, h, direct)
+        self.optim = dict(optim)
+        self._nll = torch.zeros(len(SPLIT_NAMES), dtype=torch.float64)
+        self._tokens = torch.zeros(len(SPLIT_NAMES), dtype=torch.int64)
+
+    def forward(self, context: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities log P(w | context), [batch, |V|]."""
+        return F.log_softmax(self.model(context).float(), dim=-1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        context, target = batch
+        loss = F.cross_entropy(self.model(context), target)
+        self._seen += len(target)
+        self.tokens_per_s = self._seen / (time.perf_counter() - self._epoch_start)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, batch_size=len(target))
+        self.log("tok/s", self.tokens_per_s, prog_bar=True, logger=False, batch_size=len(target))
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._seen, self._epoch_start = 0, time.perf_counter()
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train_tokens_per_s", self.tokens_per_s)
+
+    # Exact perplexity: validation_step scores the valid split each epoch; test_step scores any split,
+    # dataloader i being SPLIT_NAMES[i] (train, valid, test), for the reported checkpoint.
+    def _accumulate(self, batch: tuple[torch.Tensor, torch.Tensor], slot: int) -> None:
+        context, target = batch
+        nll = F.cross_entropy(self.model(context).float(), target, reduction="none")
+        self._nll[slot] += nll.double().sum().cpu()
+        self._tokens[slot] += len(target)
+
+    def _perplexity(self, slot: int) -> float:
+        return math.exp(self._nll[slot].item() / self._tokens[slot].item())
+
+    def _reset(self) -> None:
+        self._nll.zero_()
+        self._tokens.zero_()
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset()
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._accumulate(batch, SPLIT_NAMES.index("valid"))
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("valid_ppl_epoch", self._perplexity(SPLIT_NAMES.index("valid")), prog_bar=True)
+
+    def on_test_epoch_start(self) -> None:
+        self._reset()
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._accumulate(batch, dataloader_idx)
+
+    def on_test_epoch_end(self) -> None:
+        for slot, split in enumerate(SPLIT_NAMES):
+            if self._tokens[slot]:
+                self.log(f"{split}_ppl", self._perplexity(slot))
+                self.log(f"{split}_tokens", float(self._tokens[slot]))
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        o = self.optim
+        groups = [
+            {"params": self.model.decayed(), "weight_decay": o["weight_decay"]},
+            {"params": self.model.biases(), "weight_decay": 0.0},
+        ]
+        if o["recipe"] == "paper":
+            batch = o["batch_size"]
+            optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch)
+            schedule = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda step: 1.0 / (1.0 + o["decay_rate"] * step * batch)
+            )
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        if o["recipe"] == "fast":
+            return {"optimizer": torch.optim.Adam(groups, lr=o["lr"])}
+        raise ValueError(f"optim.recipe must be 'paper' or 'fast', not {o['recipe']!r}")

@@ -1,0 +1,73 @@
+"""`nplm-train`: train eq. (1) on a corpus and record the run in MLflow. Composes the parts, nothing clever.
+
+    nplm-train +experiment=mlp5                # a Table 1 row
+    nplm-train model.h=100 trainer.max_epochs=3
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from nplm_repro.config import bad_input_exits, check_config, cli
+from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
+from nplm_repro.tracking import open_run
+from nplm_repro.windows import WindowBatches, windows
+
+log = logging.getLogger(__name__)
+
+
+def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = False, seed: int = 0) -> WindowBatches:
+    start, end = corpus.bounds[split]
+    rows = windows(corpus.ids, start, end, n, pad_id=corpus.vocab.index(END_OF_TEXT))
+    return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed)
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Train, pick the best-validation checkpoint, score every split with it; returns the final metrics."""
+    check_config(cfg)
+    corpus = load_corpus(cfg.data)
+    L.seed_everything(cfg.seed, workers=True)
+    n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
+    module = instantiate(cfg.model, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
+    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    logger = open_run(cfg, corpus)
+    try:
+        trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
+        trainer.fit(
+            module,
+            train_dataloaders=loader(corpus, "train", n, cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
+            val_dataloaders=loader(corpus, "valid", n, eval_batch),
+        )
+        best = trainer.checkpoint_callback.best_model_path if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else ""
+        trainer.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
+        client, run_id = logger.experiment, logger.run_id
+        client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        client.log_text(run_id, corpus.summary() + "\n", "data.txt")
+        if best:
+            client.log_artifact(run_id, best, "checkpoints")
+        logger.close()
+    except BaseException:
+        logger.finalize("failed")
+        raise
+    log.info("%s: %s", cfg.get("row") or "run", ", ".join(f"{k} {v:,.2f}" for k, v in sorted(metrics.items())))
+    return metrics
+
+
+@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config", version_base="1.3")
+def _main(cfg: DictConfig) -> None:
+    with bad_input_exits():
+        run(cfg)
+
+
+main = cli(_main)
+
+if __name__ == "__main__":
+    main()

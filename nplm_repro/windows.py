@@ -1,0 +1,58 @@
+"""n-gram windows over the id stream, built with tensor views: no Python loop per example.
+
+Every token of a split is a target. Its context is the n-1 tokens before it in the *stream*, so the first
+tokens of the validation and test splits see the end of the previous split, as in one running text. Only
+the very first tokens of the stream have no history; their missing context is filled with `<eot>`, as if
+a text had just ended (which is what precedes every other text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+
+def windows(ids: torch.Tensor, start: int, end: int, n: int, pad_id: int) -> torch.Tensor:
+    """[end - start, n] view: row i is (w_{t-n+1}, ..., w_{t-1}, w_t) for t = start + i."""
+    left = max(0, start - (n - 1))
+    stream = ids[left:end]
+    missing = (n - 1) - (start - left)
+    if missing:
+        stream = torch.cat([stream.new_full((missing,), pad_id), stream])
+    return stream.unfold(0, n, 1)
+
+
+def split_context(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(context, target): context columns in the paper's order w_{t-1}, ..., w_{t-n+1}."""
+    return batch[:, :-1].flip(1), batch[:, -1]
+
+
+class WindowBatches:
+    """Mini-batches of (context, target) over all windows of a split; reshuffled on every pass.
+
+    Pass k of a shuffled loader uses the permutation drawn from `seed + k`, so a run is reproducible.
+    """
+
+    def __init__(
+        self,
+        rows: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.rows, self.batch_size, self.shuffle, self.seed = rows, batch_size, shuffle, seed
+        self.passes = 0
+
+    def __len__(self) -> int:
+        return -(-len(self.rows) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.shuffle:
+            order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + self.passes))
+        else:
+            order = None
+        self.passes += 1
+        for start in range(0, len(self.rows), self.batch_size):
+            chunk = slice(start, start + self.batch_size)
+            yield split_context(self.rows[order[chunk]] if order is not None else self.rows[chunk])

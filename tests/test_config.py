@@ -1,0 +1,81 @@
+"""Real Hydra composition of conf/, and bad keys or values refused with one line and a non-zero exit."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from nplm_repro.config import check_config
+from nplm_repro.errors import NplmError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def composed(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(
+    "row,n,h,m,direct",
+    [("mlp1", 5, 50, 60, True), ("mlp3", 5, 0, 60, True), ("mlp5", 5, 50, 30, True),
+     ("mlp7", 3, 50, 30, True), ("mlp9", 5, 100, 30, False)],
+)
+def test_experiment_files_set_the_papers_rows(row: str, n: int, h: int, m: int, direct: bool) -> None:
+    cfg = composed(f"+experiment={row}")
+    assert (cfg.row, cfg.model.n, cfg.model.h, cfg.model.m, cfg.model.direct) == (row.upper(), n, h, m, direct)
+    check_config(cfg)
+
+
+def test_defaults_are_the_papers_brown_setup() -> None:
+    cfg = composed()
+    assert cfg.data.split.train == 800_000 and cfg.data.split.valid == 200_000 and cfg.data.split.test is None
+    assert cfg.data.max_unk_freq == 3 and cfg.data.vocab_from == "stream"
+    assert cfg.optim.weight_decay == 1e-4
+    paper = composed("optim=paper").optim
+    assert (paper.lr, paper.decay_rate) == (1e-3, 1e-8)
+
+
+def test_tracking_uri_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert composed().tracking.uri == "sqlite:///mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert composed().tracking.uri == "http://127.0.0.1:5000"
+    assert composed("tracking.uri=sqlite:///x.db").tracking.uri == "sqlite:///x.db"
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [("model.n=1", "model.n"), ("model.m=0", "model.m"), ("model.h=-1", "model.h"), ("model.n=2.5", "model.n"),
+     ("optim.weight_decay=-1", "optim.weight_decay"), ("optim.batch_size=0", "optim.batch_size"),
+     ("optim.recipe=magic", "optim.recipe"), ("data.vocab_from=test", "data.vocab_from")],
+)
+def test_out_of_range_values_name_the_key(override: str, key: str) -> None:
+    with pytest.raises(NplmError, match=rf"^{key}="):
+        check_config(composed(override))
+
+
+def test_h0_without_direct_is_refused() -> None:
+    with pytest.raises(NplmError, match="model.h=0 needs model.direct=true"):
+        check_config(composed("model.h=0", "model.direct=false"))
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [("model.size=3", "Could not override 'model.size'"),
+     ("model.h=0", "model.h=0 needs model.direct=true"),
+     ("model.n=1", "model.n=1 is invalid"),
+     ("+experiment=mlp99", "Could not find 'experiment/mlp99'")],
+)
+def test_cli_bad_config_is_one_line_and_nonzero_exit(override: str, message: str, tmp_path: Path) -> None:
+    extra = ["model.direct=false"] if override == "model.h=0" else []
+    result = subprocess.run(
+        [sys.executable, "-m", "nplm_repro.train", override, *extra, f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("train.py: error:")
+    assert not (tmp_path / "m.db").exists()  # nothing was written to the store

@@ -1,0 +1,124 @@
+"""The Brown preprocessing facts on the real zip, the windows, and the corpus errors."""
+
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from nplm_repro.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus, find_brown, prepare_brown
+from nplm_repro.errors import NplmError
+from nplm_repro.windows import WindowBatches, split_context, windows
+
+
+def test_brown_stream_facts(brown: Corpus) -> None:
+    """Counts of ../shared/data/README.md: 1,161,192 words + 15,667 paragraph + 500 text marks."""
+    assert brown.counts["texts"] == 500
+    assert brown.counts["paragraphs"] == 15_667
+    assert brown.counts["words"] == 1_161_192
+    assert len(brown.ids) == 1_177_359
+    assert brown.counts["types"] == 56_057 + 2  # the two marks are types of the stream too
+
+
+def test_brown_splits_are_the_papers(brown: Corpus) -> None:
+    assert brown.bounds == {"train": (0, 800_000), "valid": (800_000, 1_000_000), "test": (1_000_000, 1_177_359)}
+
+
+def test_vocabulary_merges_words_seen_at_most_three_times(brown: Corpus) -> None:
+    assert brown.vocab_size == 17_907  # 17,904 words + <eop> + <eot> + <unk>... counted on the whole stream
+    counts = torch.bincount(brown.ids, minlength=brown.vocab_size)
+    kept = [i for i, w in enumerate(brown.vocab) if w != UNK]
+    assert counts[kept].min() >= 4
+    assert UNK in brown.vocab and END_OF_PARAGRAPH in brown.vocab and END_OF_TEXT in brown.vocab
+
+
+def test_marks_end_paragraphs_and_texts(brown: Corpus) -> None:
+    vocab = brown.vocab
+    eop, eot = vocab.index(END_OF_PARAGRAPH), vocab.index(END_OF_TEXT)
+    assert int((brown.ids == eot).sum()) == 500
+    assert int((brown.ids == eop).sum()) == 15_667
+    assert brown.ids[-1] == eot and brown.ids[-2] == eop  # cr09 ends with its last paragraph
+    first = [vocab[i] for i in brown.ids[:9]]
+    assert first == ["The", "Fulton", "County", "Grand", "Jury", "said", "Friday", "an", "investigation"]
+
+
+def test_vocab_from_train_counts_on_the_training_split(brown_path: Path) -> None:
+    assert prepare_brown(str(brown_path), vocab_from="train").vocab_size == 14_039
+
+
+def test_fingerprint_changes_with_the_data(brown_path: Path) -> None:
+    small = prepare_brown(str(brown_path), train=1000, valid=100, test=100)
+    again = prepare_brown(str(brown_path), train=1000, valid=100, test=100)
+    other = prepare_brown(str(brown_path), train=1000, valid=100, test=101)
+    assert small.fingerprint == again.fingerprint != other.fingerprint
+
+
+def test_windows_take_context_from_the_previous_split() -> None:
+    ids = torch.arange(10)
+    rows = windows(ids, 4, 7, n=3, pad_id=99)
+    assert rows.tolist() == [[2, 3, 4], [3, 4, 5], [4, 5, 6]]
+
+
+def test_windows_pad_the_start_of_the_stream_with_end_of_text() -> None:
+    rows = windows(torch.arange(5), 0, 3, n=4, pad_id=99)
+    assert rows.tolist() == [[99, 99, 99, 0], [99, 99, 0, 1], [99, 0, 1, 2]]
+
+
+def test_every_token_of_a_split_is_scored_once(brown: Corpus) -> None:
+    start, end = brown.bounds["test"]
+    rows = windows(brown.ids, start, end, n=5, pad_id=0)
+    batches = WindowBatches(rows, batch_size=4096, shuffle=True, seed=3)
+    targets = torch.cat([target for _, target in batches])
+    assert len(batches) == -(-(end - start) // 4096)
+    assert torch.equal(targets.sort().values, brown.ids[start:end].sort().values)
+    context, target = split_context(rows[:1])
+    assert context[0].tolist() == [brown.ids[start - 1 - k].item() for k in range(4)]  # w_{t-1} first
+    assert target.item() == brown.ids[start].item()
+
+
+def test_shuffle_is_seeded_and_changes_each_pass() -> None:
+    rows = windows(torch.arange(100), 0, 100, n=2, pad_id=0)
+    first, second = WindowBatches(rows, 10, shuffle=True, seed=1), WindowBatches(rows, 10, shuffle=True, seed=1)
+    epoch1 = [t.tolist() for _, t in first]
+    assert epoch1 == [t.tolist() for _, t in second]
+    assert epoch1 != [t.tolist() for _, t in first]
+
+
+def test_missing_corpus_lists_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
+    with pytest.raises(NplmError, match="not found.*nltk.*nltk.downloader brown") as error:
+        find_brown(tmp_path / "nowhere.zip")
+    assert "\n" not in str(error.value)
+
+
+def test_found_in_nltk_data_when_not_configured(brown_path: Path, tmp_path: Path) -> None:
+    import nltk.data
+
+    corpora = tmp_path / "corpora"
+    corpora.mkdir()
+    (corpora / "brown.zip").symlink_to(brown_path)
+    nltk.data.path.insert(0, str(tmp_path))
+    try:
+        assert find_brown(None) == corpora / "brown.zip"
+    finally:
+        nltk.data.path.remove(str(tmp_path))
+
+
+def test_truncated_zip_is_one_clear_error(brown_path: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "brown.zip"
+    broken.write_bytes(brown_path.read_bytes()[:100_000])
+    with pytest.raises(NplmError, match="corrupt or truncated zip"):
+        prepare_brown(str(broken))
+
+
+def test_zip_without_texts_is_one_clear_error(tmp_path: Path) -> None:
+    empty = tmp_path / "brown.zip"
+    with zipfile.ZipFile(empty, "w") as archive:
+        archive.writestr("brown/README", "nothing here")
+    with pytest.raises(NplmError, match="no Brown texts"):
+        prepare_brown(str(empty))
+
+
+def test_corpus_smaller_than_the_splits_is_refused(brown_path: Path) -> None:
+    with pytest.raises(NplmError, match="too few"):
+        prepare_brown(str(brown_path), train=1_000_000, valid=200_000)

@@ -1,0 +1,83 @@
+"""`nplm-train` end to end on a small real slice of Brown, into a real MLflow store; exact perplexity."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, prepare_brown
+from nplm_repro.module import NPLMModule
+from nplm_repro.train import loader
+
+SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
+
+
+@pytest.fixture(scope="module")
+def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
+    workdir = tmp_path_factory.mktemp("train")
+    command = [str(Path(sys.executable).parent / "nplm-train"), f"data.path={brown_path}", *SLICE, "+experiment=mlp3",
+               "model.m=8", "trainer.max_epochs=2", "seed=7"]
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir, f"sqlite:///{workdir}/mlflow.db"
+
+
+def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str], brown_path: Path) -> None:
+    workdir, uri = trained
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["brown"])
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert run["status"] == "FINISHED"
+    assert (run["params.model.n"], run["params.model.h"], run["params.model.m"]) == ("5", "0", "8")
+    assert run["params.model.direct"] == "True" and run["params.seed"] == "7"
+    assert run["params.data.split.train"] == "20000" and run["params.optim.recipe"] == "fast"
+    corpus = prepare_brown(str(brown_path), train=20000, valid=4000, test=4000)
+    assert run["tags.data_fingerprint"] == corpus.fingerprint
+    assert run["tags.vocab_size"] == str(corpus.vocab_size)
+    assert (run["tags.train_tokens"], run["tags.valid_tokens"], run["tags.test_tokens"]) == ("20000", "4000", "4000")
+    assert run["tags.row"] == "MLP3" and run["tags.git_commit"]
+    for split in SPLITS:
+        assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
+    assert run["metrics.train_tokens_per_s"] > 0
+    client = MlflowClient(uri)
+    history = client.get_metric_history(run["run_id"], "valid_ppl_epoch")
+    assert [m.step for m in history] and len(history) == 2
+    assert len(client.get_metric_history(run["run_id"], "train_loss_epoch")) == 2
+    # the reported valid_ppl is that of the best epoch's checkpoint
+    assert run["metrics.valid_ppl"] == pytest.approx(min(m.value for m in history), rel=1e-5)
+    artifacts = {a.path for a in client.list_artifacts(run["run_id"])}
+    assert {"config.yaml", "data.txt", "checkpoints"} <= artifacts
+    assert [a.path for a in client.list_artifacts(run["run_id"], "checkpoints")] == ["checkpoints/best.ckpt"]
+
+
+def test_reported_perplexity_equals_brute_force(trained: tuple[Path, str], brown_path: Path) -> None:
+    """Re-score the logged checkpoint token by token in float64: the same number as the run's test_ppl."""
+    workdir, uri = trained
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.search_runs(experiment_names=["brown"]).iloc[0]
+    path = mlflow.artifacts.download_artifacts(run_id=run["run_id"], artifact_path="checkpoints/best.ckpt",
+                                               dst_path=str(workdir / "download"))
+    module = NPLMModule.load_from_checkpoint(path).eval()
+    corpus = prepare_brown(str(brown_path), train=20000, valid=4000, test=4000)
+    start, end = corpus.bounds["test"]
+    eot = corpus.vocab.index(END_OF_TEXT)
+    nll = 0.0
+    with torch.no_grad():
+        for t in range(start, end):
+            context = [corpus.ids[t - k].item() if t - k >= 0 else eot for k in range(1, 5)]
+            logits = module.model(torch.tensor([context]))[0].double()
+            nll -= (logits[corpus.ids[t]] - torch.logsumexp(logits, 0)).item()
+    assert run["metrics.test_ppl"] == pytest.approx(math.exp(nll / (end - start)), rel=1e-6)
+
+
+def test_test_loop_scores_every_token(brown_path: Path) -> None:
+    corpus: Corpus = prepare_brown(str(brown_path), train=3000, valid=500, test=700)
+    batches = loader(corpus, "test", n=3, batch_size=128)
+    assert sum(len(target) for _, target in batches) == 700
