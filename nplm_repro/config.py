@@ -30,40 +30,52 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+NEURAL_MODEL = "nplm_repro.module.NPLMModule"
+
+
+def is_neural(cfg: DictConfig) -> bool:
+    """Whether `model` is eq. (1) (trained by Lightning) rather than an n-gram baseline (counted)."""
+    return cfg.model._target_ == NEURAL_MODEL
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise NplmError naming the first key whose value is out of range."""
-    model, optim, split = cfg.model, cfg.optim, cfg.data.split
+    model, optim, data = cfg.model, cfg.optim, cfg.data
     rules: list[tuple[str, Any, bool, str]] = [
         ("model.n", model.n, _is_int(model.n) and model.n >= 2, "an integer >= 2"),
-        ("model.m", model.m, _is_int(model.m) and model.m >= 1, "an integer >= 1"),
-        ("model.h", model.h, _is_int(model.h) and model.h >= 0, "an integer >= 0"),
-        ("model.direct", model.direct, isinstance(model.direct, bool), "true or false"),
-        ("optim.recipe", optim.recipe, optim.recipe in ("paper", "fast"), "'paper' or 'fast'"),
-        ("optim.lr", optim.lr, _is_number(optim.lr) and optim.lr > 0, "a number > 0"),
-        ("optim.weight_decay", optim.weight_decay, _is_number(optim.weight_decay) and optim.weight_decay >= 0,
-         "a number >= 0"),
-        ("optim.batch_size", optim.batch_size, _is_int(optim.batch_size) and optim.batch_size >= 1,
-         "an integer >= 1"),
-        ("data.eval_batch_size", cfg.data.eval_batch_size,
-         _is_int(cfg.data.eval_batch_size) and cfg.data.eval_batch_size >= 1, "an integer >= 1"),
-        ("data.vocab_from", cfg.data.vocab_from, cfg.data.vocab_from in ("stream", "train"), "'stream' or 'train'"),
-        ("data.max_unk_freq", cfg.data.max_unk_freq, _is_int(cfg.data.max_unk_freq) and cfg.data.max_unk_freq >= 0,
+        ("data.vocab_from", data.vocab_from, data.vocab_from in ("stream", "train"), "'stream' or 'train'"),
+        ("data.max_unk_freq", data.max_unk_freq, _is_int(data.max_unk_freq) and data.max_unk_freq >= 0,
          "an integer >= 0"),
+        ("data.eval_batch_size", data.eval_batch_size, _is_int(data.eval_batch_size) and data.eval_batch_size >= 1,
+         "an integer >= 1"),
         ("seed", cfg.seed, _is_int(cfg.seed), "an integer"),
     ]
     rules += [
-        (f"data.split.{name}", split[name], _is_int(split[name]) and split[name] > 0, "an integer > 0")
+        (f"data.split.{name}", data.split[name], _is_int(data.split[name]) and data.split[name] > 0, "an integer > 0")
         for name in ("train", "valid")
     ]
-    rules.append(("data.split.test", split.test, split.test is None or (_is_int(split.test) and split.test > 0),
+    rules.append(("data.split.test", data.split.test,
+                  data.split.test is None or (_is_int(data.split.test) and data.split.test > 0),
                   "null (the rest) or an integer > 0"))
-    if optim.recipe == "paper":
-        rules.append(("optim.decay_rate", optim.decay_rate, _is_number(optim.decay_rate) and optim.decay_rate >= 0,
-                      "a number >= 0"))
+    if is_neural(cfg):
+        rules += [
+            ("model.m", model.m, _is_int(model.m) and model.m >= 1, "an integer >= 1"),
+            ("model.h", model.h, _is_int(model.h) and model.h >= 0, "an integer >= 0"),
+            ("model.direct", model.direct, isinstance(model.direct, bool), "true or false"),
+            ("optim.recipe", optim.recipe, optim.recipe in ("paper", "fast"), "'paper' or 'fast'"),
+            ("optim.lr", optim.lr, _is_number(optim.lr) and optim.lr > 0, "a number > 0"),
+            ("optim.weight_decay", optim.weight_decay, _is_number(optim.weight_decay) and optim.weight_decay >= 0,
+             "a number >= 0"),
+            ("optim.batch_size", optim.batch_size, _is_int(optim.batch_size) and optim.batch_size >= 1,
+             "an integer >= 1"),
+        ]
+        if optim.recipe == "paper":
+            rules.append(("optim.decay_rate", optim.decay_rate,
+                          _is_number(optim.decay_rate) and optim.decay_rate >= 0, "a number >= 0"))
     for key, value, ok, expected in rules:
         if not ok:
             raise NplmError(f"{key}={value!r} is invalid: expected {expected}")
-    if model.h == 0 and not model.direct:
+    if is_neural(cfg) and model.h == 0 and not model.direct:
         raise NplmError("model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)")
 
 

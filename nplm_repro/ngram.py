@@ -151,7 +151,9 @@ class DeletedInterpolation(NgramModel):
 
     order = 3
 
-    def __init__(self, unseen: str = "lower", tol: float = 1e-6, max_iter: int = 1000) -> None:
+    def __init__(self, n: int = 3, unseen: str = "lower", tol: float = 1e-6, max_iter: int = 1000) -> None:
+        if n != 3:
+            raise NplmError(f"model.n={n}: deleted interpolation is the paper's trigram, n = 3")
         if unseen not in ("lower", "zero"):
             raise NplmError(f"DeletedInterpolation: unseen must be 'lower' or 'zero', not {unseen!r}")
         self.unseen, self.tol, self.max_iter = unseen, tol, max_iter
@@ -254,13 +256,11 @@ class KneserNey(NgramModel):
     discounts of 0 and do not occur here.
     """
 
-    def __init__(
-        self, order: int = 3, interpolate: bool = False, min_counts: Sequence[int] = SRILM_MIN_COUNTS
-    ) -> None:
-        if order < 2:
-            raise NplmError(f"KneserNey needs order >= 2, not {order}")
-        self.order, self.interpolate = order, interpolate
-        self.min_counts = tuple(max(1, min_counts[min(i, len(min_counts) - 1)]) for i in range(order))
+    def __init__(self, n: int = 3, interpolate: bool = False, min_counts: Sequence[int] = SRILM_MIN_COUNTS) -> None:
+        if n < 2:
+            raise NplmError(f"model.n={n}: Kneser-Ney needs n >= 2")
+        self.order, self.interpolate = n, interpolate
+        self.min_counts = tuple(max(1, min_counts[min(i, len(min_counts) - 1)]) for i in range(n))
 
     def fit(self, corpus: Corpus) -> KneserNey:
         n, rows = self.order, split_windows(corpus, "train", self.order)

@@ -1,12 +1,14 @@
-"""`nplm-train`: train eq. (1) on a corpus and record the run in MLflow. Composes the parts, nothing clever.
+"""`nplm-train`: fit one model on a corpus and record the run in MLflow. Composes the parts, nothing clever.
 
-    nplm-train +experiment=mlp5                # a Table 1 row
+    nplm-train +experiment=mlp5                # a Table 1 MLP row (eq. 1, trained by Lightning)
+    nplm-train +experiment=kn4                 # a Table 1 n-gram row (counted, no training loop)
     nplm-train model.h=100 trainer.max_epochs=3
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import hydra
@@ -15,9 +17,10 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.config import bad_input_exits, check_config, cli
+from nplm_repro.config import bad_input_exits, check_config, cli, is_neural
 from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
-from nplm_repro.tracking import open_run
+from nplm_repro.ngram import NgramModel
+from nplm_repro.tracking import RunLogger, open_run
 from nplm_repro.windows import WindowBatches, windows
 
 log = logging.getLogger(__name__)
@@ -29,30 +32,50 @@ def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = 
     return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed)
 
 
-def run(cfg: DictConfig) -> dict[str, float]:
-    """Train, pick the best-validation checkpoint, score every split with it; returns the final metrics."""
-    check_config(cfg)
-    corpus = load_corpus(cfg.data)
-    L.seed_everything(cfg.seed, workers=True)
+def train_neural(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, float]:
+    """Train eq. (1), keep the best-validation checkpoint, score every split with it."""
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
     module = instantiate(cfg.model, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
+    trainer.fit(
+        module,
+        train_dataloaders=loader(corpus, "train", n, cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
+        val_dataloaders=loader(corpus, "valid", n, eval_batch),
+    )
+    checkpoint = trainer.checkpoint_callback
+    best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
+    trainer.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
+    if best:
+        logger.experiment.log_artifact(logger.run_id, best, "checkpoints")
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
+
+
+def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, float]:
+    """Count on train (weights by EM on valid where the model has them), score every split."""
+    model: NgramModel = instantiate(cfg.model, _convert_="all")
+    start = time.perf_counter()
+    model.fit(corpus)
+    metrics = {"fit_seconds": time.perf_counter() - start}
+    for split in SPLITS:
+        metrics[f"{split}_ppl"] = model.perplexity(corpus, split)
+        metrics[f"{split}_tokens"] = float(corpus.size(split))
+    metrics["score_seconds"] = time.perf_counter() - start - metrics["fit_seconds"]
+    logger.log_hyperparams({f"fit.{k}".replace("+", "plus"): v for k, v in model.describe().items()})
+    logger.log_metrics(metrics)
+    return metrics
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns the final metrics."""
+    check_config(cfg)
+    corpus = load_corpus(cfg.data)
+    L.seed_everything(cfg.seed, workers=True)
     logger = open_run(cfg, corpus)
     try:
-        trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
-        trainer.fit(
-            module,
-            train_dataloaders=loader(corpus, "train", n, cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
-            val_dataloaders=loader(corpus, "valid", n, eval_batch),
-        )
-        best = trainer.checkpoint_callback.best_model_path if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else ""
-        trainer.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
-        client, run_id = logger.experiment, logger.run_id
-        client.log_text(run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-        client.log_text(run_id, corpus.summary() + "\n", "data.txt")
-        if best:
-            client.log_artifact(run_id, best, "checkpoints")
+        metrics = (train_neural if is_neural(cfg) else fit_ngram)(cfg, corpus, logger)
+        logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
         logger.close()
     except BaseException:
         logger.finalize("failed")

@@ -165,7 +165,7 @@ TINY_KN = ("a b a b a b a b c b d b e c e c e b d c", "b a", "b b")
 
 
 def test_discounts_from_count_of_counts():
-    model = KneserNey(order=2, min_counts=(1,)).fit(tiny_corpus(*TINY_KN))
+    model = KneserNey(n=2, min_counts=(1,)).fit(tiny_corpus(*TINY_KN))
     # Y = n1 / (n1 + 2 n2); D1 = 1 - 2Y n2/n1; D2 = 2 - 3Y n3/n2; D3+ = 3 - 4Y n4/n3
     y2, y1 = F(7, 13), F(1, 5)
     bigram = (1 - 2 * y2 * F(3, 7), 2 - 3 * y2 * F(1, 3), 3 - 4 * y2)  # 7/13, 19/13, 11/13
@@ -183,12 +183,12 @@ def test_kneser_ney_matches_hand_computation():
     # two zerotons <eot> and <unk>. After b (a 3, c 1, d 2, e 1; total 7): p(a|b) = (3 - 11/13)/7 = 4/13,
     # p(d|b) = (2 - 19/13)/7 = 1/13, p(c|b) = p(e|b) = 6/91 (sum 47/91);
     # bow(b) = (1 - 47/91) / (1 - (1/40 + 1/15 + 1/15 + 1/40)) = 2640/4459
-    backoff = KneserNey(order=2, min_counts=(1,)).fit(corpus)
+    backoff = KneserNey(n=2, min_counts=(1,)).fit(corpus)
     bow = F(2640, 4459)
     expected = [F(4, 13), F(1, 13), bow * F(3, 20), bow * F(1, 3)]
     np.testing.assert_allclose(backoff.window_probs(rows), [float(p) for p in expected], rtol=1e-13)
     # interpolated: gamma(b) = (D1*2 + D2*1 + D3*1)/7 = 44/91; unigram gamma = (D1*1 + D2*2 + D3*2)/12 = 2/3
-    interpolated = KneserNey(order=2, interpolate=True, min_counts=(1,)).fit(corpus)
+    interpolated = KneserNey(n=2, interpolate=True, min_counts=(1,)).fit(corpus)
     uniform = F(2, 3) / 7
     expected = [F(4, 13) + F(44, 91) * (F(1, 40) + uniform), F(1, 13) + F(44, 91) * (F(1, 15) + uniform),
                 F(44, 91) * (F(3, 20) + uniform), F(44, 91) * uniform]

@@ -17,15 +17,22 @@ from nplm_repro.train import loader
 SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 
 
+def nplm_train(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """The installed console script, as a user runs it. Pass tracking.uri: mlflow.set_tracking_uri in this
+    process exports MLFLOW_TRACKING_URI, which the child would otherwise inherit."""
+    command = [str(Path(sys.executable).parent / "nplm-train"), *overrides]
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
     workdir = tmp_path_factory.mktemp("train")
-    command = [str(Path(sys.executable).parent / "nplm-train"), f"data.path={brown_path}", *SLICE, "+experiment=mlp3",
-               "model.m=8", "trainer.max_epochs=2", "seed=7"]
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300)
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    result = nplm_train(workdir, f"data.path={brown_path}", *SLICE, "+experiment=mlp3", "model.m=8",
+                        "trainer.max_epochs=2", "seed=7", f"tracking.uri={uri}")
     assert result.returncode == 0, result.stderr[-3000:]
-    return workdir, f"sqlite:///{workdir}/mlflow.db"
+    return workdir, uri
 
 
 def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str], brown_path: Path) -> None:
@@ -81,3 +88,20 @@ def test_test_loop_scores_every_token(brown_path: Path) -> None:
     corpus: Corpus = prepare_brown(str(brown_path), train=3000, valid=500, test=700)
     batches = loader(corpus, "test", n=3, batch_size=128)
     assert sum(len(target) for _, target in batches) == 700
+
+
+@pytest.mark.parametrize("experiment,row,n", [("del_int", "Del. Int.", "3"), ("kn4", "Kneser-Ney back-off", "4")])
+def test_ngram_rows_run_through_the_same_entry_point(experiment: str, row: str, n: str, brown_path: Path,
+                                                     tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = nplm_train(tmp_path, f"data.path={brown_path}", *SLICE, f"+experiment={experiment}", f"tracking.uri={uri}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.search_runs(experiment_names=["brown"]).iloc[0]
+    assert run["status"] == "FINISHED" and run["tags.row"] == row and run["params.model.n"] == n
+    corpus = prepare_brown(str(brown_path), train=20000, valid=4000, test=4000)
+    assert run["tags.data_fingerprint"] == corpus.fingerprint
+    for split in SPLITS:
+        assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
+        assert run[f"metrics.{split}_tokens"] == corpus.size(split)
+    assert run["params.fit.train_tokens"] == "20000"
