@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.errors import NplmError
+from nplm_repro.mixture import MIX_MODES
 
 EXIT_BAD_INPUT = 2
 
@@ -44,34 +45,62 @@ def check_config(cfg: DictConfig) -> None:
     rules: list[tuple[str, Any, bool, str]] = [
         ("model.n", model.n, _is_int(model.n) and model.n >= 2, "an integer >= 2"),
         ("data.vocab_from", data.vocab_from, data.vocab_from in ("stream", "train"), "'stream' or 'train'"),
-        ("data.max_unk_freq", data.max_unk_freq, _is_int(data.max_unk_freq) and data.max_unk_freq >= 0,
-         "an integer >= 0"),
-        ("data.eval_batch_size", data.eval_batch_size, _is_int(data.eval_batch_size) and data.eval_batch_size >= 1,
-         "an integer >= 1"),
+        (
+            "data.max_unk_freq",
+            data.max_unk_freq,
+            _is_int(data.max_unk_freq) and data.max_unk_freq >= 0,
+            "an integer >= 0",
+        ),
+        (
+            "data.eval_batch_size",
+            data.eval_batch_size,
+            _is_int(data.eval_batch_size) and data.eval_batch_size >= 1,
+            "an integer >= 1",
+        ),
         ("seed", cfg.seed, _is_int(cfg.seed), "an integer"),
     ]
     rules += [
         (f"data.split.{name}", data.split[name], _is_int(data.split[name]) and data.split[name] > 0, "an integer > 0")
         for name in ("train", "valid")
     ]
-    rules.append(("data.split.test", data.split.test,
-                  data.split.test is None or (_is_int(data.split.test) and data.split.test > 0),
-                  "null (the rest) or an integer > 0"))
+    rules.append(
+        (
+            "data.split.test",
+            data.split.test,
+            data.split.test is None or (_is_int(data.split.test) and data.split.test > 0),
+            "null (the rest) or an integer > 0",
+        )
+    )
     if is_neural(cfg):
         rules += [
             ("model.m", model.m, _is_int(model.m) and model.m >= 1, "an integer >= 1"),
             ("model.h", model.h, _is_int(model.h) and model.h >= 0, "an integer >= 0"),
             ("model.direct", model.direct, isinstance(model.direct, bool), "true or false"),
+            ("model.mix", model.mix, model.mix in MIX_MODES, " or ".join(MIX_MODES)),
             ("optim.recipe", optim.recipe, optim.recipe in ("paper", "fast"), "'paper' or 'fast'"),
             ("optim.lr", optim.lr, _is_number(optim.lr) and optim.lr > 0, "a number > 0"),
-            ("optim.weight_decay", optim.weight_decay, _is_number(optim.weight_decay) and optim.weight_decay >= 0,
-             "a number >= 0"),
-            ("optim.batch_size", optim.batch_size, _is_int(optim.batch_size) and optim.batch_size >= 1,
-             "an integer >= 1"),
+            (
+                "optim.weight_decay",
+                optim.weight_decay,
+                _is_number(optim.weight_decay) and optim.weight_decay >= 0,
+                "a number >= 0",
+            ),
+            (
+                "optim.batch_size",
+                optim.batch_size,
+                _is_int(optim.batch_size) and optim.batch_size >= 1,
+                "an integer >= 1",
+            ),
         ]
         if optim.recipe == "paper":
-            rules.append(("optim.decay_rate", optim.decay_rate,
-                          _is_number(optim.decay_rate) and optim.decay_rate >= 0, "a number >= 0"))
+            rules.append(
+                (
+                    "optim.decay_rate",
+                    optim.decay_rate,
+                    _is_number(optim.decay_rate) and optim.decay_rate >= 0,
+                    "a number >= 0",
+                )
+            )
     for key, value, ok, expected in rules:
         if not ok:
             raise NplmError(f"{key}={value!r} is invalid: expected {expected}")

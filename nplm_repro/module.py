@@ -14,7 +14,6 @@ with the per-token terms summed in float64.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -63,8 +62,9 @@ class NPLMModule(L.LightningModule):
         self._nll[slot] += nll.double().sum().cpu()
         self._tokens[slot] += len(target)
 
-    def _perplexity(self, slot: int) -> float:
-        return math.exp(self._nll[slot].item() / self._tokens[slot].item())
+    def _perplexity(self, slot: int) -> torch.Tensor:
+        """A float64 tensor: a Python float would be logged as float32."""
+        return torch.exp(self._nll[slot] / self._tokens[slot])
 
     def _reset(self) -> None:
         self._nll.zero_()
@@ -89,7 +89,13 @@ class NPLMModule(L.LightningModule):
         for slot, split in enumerate(SPLIT_NAMES):
             if self._tokens[slot]:
                 self.log(f"{split}_ppl", self._perplexity(slot))
-                self.log(f"{split}_tokens", float(self._tokens[slot]))
+                self.log(f"{split}_tokens", self._tokens[slot].double())
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """P(w_t | context) of each target, float64, for mixing with another model token by token."""
+        context, target = batch
+        nll = F.cross_entropy(self.model(context).float(), target, reduction="none")
+        return torch.exp(-nll.double())
 
     def configure_optimizers(self) -> dict[str, Any]:
         o = self.optim

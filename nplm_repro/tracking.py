@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import pandas as pd
 from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
@@ -28,8 +31,13 @@ def git_commit() -> str:
     here = Path(__file__).parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
@@ -40,6 +48,32 @@ def data_tags(corpus: Corpus) -> dict[str, str]:
     tags = {"data_fingerprint": corpus.fingerprint, "vocab_size": str(corpus.vocab_size)}
     tags.update({f"{split}_tokens": str(corpus.size(split)) for split in SPLITS})
     return tags
+
+
+def model_key(cfg: DictConfig, corpus: Corpus) -> str:
+    """What determines a trained MLP: data, model (less the mixture), optimiser, trainer, early stopping, seed.
+
+    A mixed row looks up the finished run with its key instead of training the same MLP again.
+    """
+    parts = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "optim", "trainer")}
+    parts["model"].pop("mix", None)
+    parts |= {
+        "data": corpus.fingerprint,
+        "seed": cfg.seed,
+        "stopping": OmegaConf.to_container(cfg.callbacks.early_stopping),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
+    """The newest FINISHED run of the experiment with these tag values, or None."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    query = " and ".join([f"tags.{k} = '{v}'" for k, v in tags.items()] + ["attributes.status = 'FINISHED'"])
+    runs = client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
 
 
 class RunLogger(MLFlowLogger):
@@ -57,10 +91,10 @@ class RunLogger(MLFlowLogger):
         super().finalize("success")
 
 
-def open_run(cfg: DictConfig, corpus: Corpus) -> RunLogger:
+def open_run(cfg: DictConfig, corpus: Corpus, **extra_tags: str) -> RunLogger:
     """Create the MLflow run of this job, with its params and tags; fails with one line if the store is unreachable."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
-    tags = {**data_tags(corpus), "git_commit": git_commit(), "corpus": corpus.name}
+    tags = {**data_tags(corpus), "git_commit": git_commit(), "corpus": corpus.name, **extra_tags}
     if cfg.get("row"):
         tags["row"] = cfg.row
     try:

@@ -1,26 +1,31 @@
 """`nplm-train`: fit one model on a corpus and record the run in MLflow. Composes the parts, nothing clever.
 
-    nplm-train +experiment=mlp5                # a Table 1 MLP row (eq. 1, trained by Lightning)
-    nplm-train +experiment=kn4                 # a Table 1 n-gram row (counted, no training loop)
-    nplm-train model.h=100 trainer.max_epochs=3
+nplm-train +experiment=mlp5                # a Table 1 MLP row (eq. 1, trained by Lightning)
+nplm-train +experiment=kn4                 # a Table 1 n-gram row (counted, no training loop)
+nplm-train model.h=100 trainer.max_epochs=3
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
 
 import hydra
 import lightning as L
+import mlflow
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.config import bad_input_exits, check_config, cli, is_neural
 from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
-from nplm_repro.ngram import NgramModel
-from nplm_repro.tracking import RunLogger, open_run
+from nplm_repro.mixture import TrigramMixture
+from nplm_repro.module import NPLMModule
+from nplm_repro.ngram import DeletedInterpolation, NgramModel, perplexity_of
+from nplm_repro.tracking import RunLogger, find_finished, model_key, open_run
 from nplm_repro.windows import WindowBatches, windows
 
 log = logging.getLogger(__name__)
@@ -35,7 +40,8 @@ def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = 
 def train_neural(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, float]:
     """Train eq. (1), keep the best-validation checkpoint, score every split with it."""
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
-    module = instantiate(cfg.model, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
+    architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
+    module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
     trainer.fit(
@@ -66,14 +72,56 @@ def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, f
     return metrics
 
 
-def run(cfg: DictConfig) -> dict[str, float]:
-    """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns the final metrics."""
+def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: RunLogger, base: str) -> dict[str, float]:
+    """Mix the MLP of finished run `base` with the interpolated trigram on valid and test (no retraining)."""
+    path = mlflow.artifacts.download_artifacts(
+        run_id=base, artifact_path="checkpoints/best.ckpt", tracking_uri=cfg.tracking.uri
+    )
+    module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
+    trainer = L.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False)
+    mlp = {
+        split: torch.cat(trainer.predict(module, loader(corpus, split, cfg.model.n, cfg.data.eval_batch_size))).numpy()
+        for split in ("valid", "test")
+    }
+    mixture = TrigramMixture(cfg.model.mix, DeletedInterpolation().fit(corpus)).fit(corpus, mlp["valid"])
+    metrics: dict[str, float] = {}
+    for split, probs in mlp.items():
+        metrics[f"{split}_ppl"] = perplexity_of(mixture.probs(corpus, split, probs))
+        metrics[f"mlp_{split}_ppl"] = perplexity_of(probs)
+        metrics[f"{split}_tokens"] = float(len(probs))
+    logger.log_hyperparams({f"mix.{k}": v for k, v in mixture.describe().items()})
+    logger.log_metrics(metrics)
+    return metrics
+
+
+def base_run(cfg: DictConfig, corpus: Corpus) -> str:
+    """The finished run of the same MLP without mixture (same model_key); trained first if there is none."""
+    key = model_key(cfg, corpus)
+    found = find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=key)
+    if found:
+        log.info("mixing the MLP of run %s (model_key %s)", found, key)
+        return found
+    log.info("no finished run of this MLP (model_key %s) yet: training it first, as a run of its own", key)
+    unmixed = cfg.copy()
+    unmixed.model.mix, unmixed.row = "none", None
+    return run(unmixed)[0]
+
+
+def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
+    """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns its run id and metrics."""
     check_config(cfg)
     corpus = load_corpus(cfg.data)
     L.seed_everything(cfg.seed, workers=True)
-    logger = open_run(cfg, corpus)
+    if not is_neural(cfg):
+        fit, tags = fit_ngram, {}
+    elif cfg.model.mix == "none":
+        fit, tags = train_neural, {"model_key": model_key(cfg, corpus)}
+    else:
+        base = base_run(cfg, corpus)
+        fit, tags = functools.partial(mix_with_trigram, base=base), {"base_run_id": base}
+    logger = open_run(cfg, corpus, **tags)
     try:
-        metrics = (train_neural if is_neural(cfg) else fit_ngram)(cfg, corpus, logger)
+        metrics = fit(cfg, corpus, logger)
         logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
         logger.close()
@@ -81,7 +129,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         logger.finalize("failed")
         raise
     log.info("%s: %s", cfg.get("row") or "run", ", ".join(f"{k} {v:,.2f}" for k, v in sorted(metrics.items())))
-    return metrics
+    return logger.run_id, metrics
 
 
 @hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config", version_base="1.3")

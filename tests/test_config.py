@@ -21,8 +21,13 @@ def composed(*overrides: str) -> DictConfig:
 
 @pytest.mark.parametrize(
     "row,n,h,m,direct",
-    [("mlp1", 5, 50, 60, True), ("mlp3", 5, 0, 60, True), ("mlp5", 5, 50, 30, True),
-     ("mlp7", 3, 50, 30, True), ("mlp9", 5, 100, 30, False)],
+    [
+        ("mlp1", 5, 50, 60, True),
+        ("mlp3", 5, 0, 60, True),
+        ("mlp5", 5, 50, 30, True),
+        ("mlp7", 3, 50, 30, True),
+        ("mlp9", 5, 100, 30, False),
+    ],
 )
 def test_experiment_files_set_the_papers_rows(row: str, n: int, h: int, m: int, direct: bool) -> None:
     cfg = composed(f"+experiment={row}")
@@ -48,9 +53,16 @@ def test_tracking_uri_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize(
     "override,key",
-    [("model.n=1", "model.n"), ("model.m=0", "model.m"), ("model.h=-1", "model.h"), ("model.n=2.5", "model.n"),
-     ("optim.weight_decay=-1", "optim.weight_decay"), ("optim.batch_size=0", "optim.batch_size"),
-     ("optim.recipe=magic", "optim.recipe"), ("data.vocab_from=test", "data.vocab_from")],
+    [
+        ("model.n=1", "model.n"),
+        ("model.m=0", "model.m"),
+        ("model.h=-1", "model.h"),
+        ("model.n=2.5", "model.n"),
+        ("optim.weight_decay=-1", "optim.weight_decay"),
+        ("optim.batch_size=0", "optim.batch_size"),
+        ("optim.recipe=magic", "optim.recipe"),
+        ("data.vocab_from=test", "data.vocab_from"),
+    ],
 )
 def test_out_of_range_values_name_the_key(override: str, key: str) -> None:
     with pytest.raises(NplmError, match=rf"^{key}="):
@@ -64,16 +76,20 @@ def test_h0_without_direct_is_refused() -> None:
 
 @pytest.mark.parametrize(
     "override,message",
-    [("model.size=3", "Could not override 'model.size'"),
-     ("model.h=0", "model.h=0 needs model.direct=true"),
-     ("model.n=1", "model.n=1 is invalid"),
-     ("+experiment=mlp99", "Could not find 'experiment/mlp99'")],
+    [
+        ("model.size=3", "Could not override 'model.size'"),
+        ("model.h=0", "model.h=0 needs model.direct=true"),
+        ("model.n=1", "model.n=1 is invalid"),
+        ("+experiment=mlp99", "Could not find 'experiment/mlp99'"),
+    ],
 )
 def test_cli_bad_config_is_one_line_and_nonzero_exit(override: str, message: str, tmp_path: Path) -> None:
     extra = ["model.direct=false"] if override == "model.h=0" else []
     result = subprocess.run(
         [sys.executable, "-m", "nplm_repro.train", override, *extra, f"tracking.uri=sqlite:///{tmp_path}/m.db"],
-        capture_output=True, text=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from fractions import Fraction as F
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -105,10 +105,12 @@ def test_deleted_interpolation_matches_hand_computation():
     #   window (w_{t-2}, w_{t-1}, w_t) -> p1, p2, p3, q = ceil(-ln((1 + c(w_{t-2} w_{t-1})) / 8))
     np.testing.assert_allclose(
         model.components(corpus, "valid"),
-        [[p0, 3 / 8, 1 / 2, 1 / 2],  # (a b a): q = ceil(-ln 3/8) = 1
-         [p0, 3 / 8, 1, 1],  # (b a b): q = ceil(-ln 2/8) = 2
-         [p0, 1 / 8, 1 / 2, 1 / 2],  # (a b c): q = 1
-         [p0, 3 / 8, 0, 0]],  # (b c b): q = 2
+        [
+            [p0, 3 / 8, 1 / 2, 1 / 2],  # (a b a): q = ceil(-ln 3/8) = 1
+            [p0, 3 / 8, 1, 1],  # (b a b): q = ceil(-ln 2/8) = 2
+            [p0, 1 / 8, 1 / 2, 1 / 2],  # (a b c): q = 1
+            [p0, 3 / 8, 0, 0],
+        ],  # (b c b): q = 2
     )
     assert model.token_bins(corpus, "valid").tolist() == [1, 2, 1, 2]
     # (c b a): context (c b) unseen, q = ceil(-ln 1/8) = 3, p3 falls back to p2; (b a c): seen, q = 2
@@ -190,8 +192,12 @@ def test_kneser_ney_matches_hand_computation():
     # interpolated: gamma(b) = (D1*2 + D2*1 + D3*1)/7 = 44/91; unigram gamma = (D1*1 + D2*2 + D3*2)/12 = 2/3
     interpolated = KneserNey(n=2, interpolate=True, min_counts=(1,)).fit(corpus)
     uniform = F(2, 3) / 7
-    expected = [F(4, 13) + F(44, 91) * (F(1, 40) + uniform), F(1, 13) + F(44, 91) * (F(1, 15) + uniform),
-                F(44, 91) * (F(3, 20) + uniform), F(44, 91) * uniform]
+    expected = [
+        F(4, 13) + F(44, 91) * (F(1, 40) + uniform),
+        F(1, 13) + F(44, 91) * (F(1, 15) + uniform),
+        F(44, 91) * (F(3, 20) + uniform),
+        F(44, 91) * uniform,
+    ]
     np.testing.assert_allclose(interpolated.window_probs(rows), [float(p) for p in expected], rtol=1e-13)
 
 
@@ -226,7 +232,7 @@ def slow_kneser_ney(train: list[int], pad: int, vocab_size: int, n: int, interpo
             if g in explicit[k]:
                 children[g[:-1]].append(g)
 
-    @lru_cache(maxsize=None)
+    @cache
     def prob(g: tuple) -> float:
         k, h = len(g), g[:-1]
         lower = prob(g[1:]) if k > 1 else 1 / vocab_size
@@ -238,7 +244,7 @@ def slow_kneser_ney(train: list[int], pad: int, vocab_size: int, n: int, interpo
             return (1 - sum(prob(u) for u in explicit[1])) / zerotons
         return bow(h) * lower
 
-    @lru_cache(maxsize=None)
+    @cache
     def bow(h: tuple) -> float:
         return (1 - sum(prob(g) for g in children[h])) / (1 - sum(prob(g[1:]) for g in children[h]))
 

@@ -15,6 +15,7 @@ from nplm_repro.module import NPLMModule
 from nplm_repro.train import loader
 
 SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
+SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]
 
 
 def nplm_train(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -29,16 +30,15 @@ def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
     workdir = tmp_path_factory.mktemp("train")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    result = nplm_train(workdir, f"data.path={brown_path}", *SLICE, "+experiment=mlp3", "model.m=8",
-                        "trainer.max_epochs=2", "seed=7", f"tracking.uri={uri}")
+    result = nplm_train(workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}")
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, uri
 
 
 def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str], brown_path: Path) -> None:
-    workdir, uri = trained
+    _, uri = trained
     mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["brown"])
+    runs = mlflow.search_runs(experiment_names=["brown"], filter_string="tags.row = 'MLP3'")
     assert len(runs) == 1
     run = runs.iloc[0]
     assert run["status"] == "FINISHED"
@@ -68,9 +68,10 @@ def test_reported_perplexity_equals_brute_force(trained: tuple[Path, str], brown
     """Re-score the logged checkpoint token by token in float64: the same number as the run's test_ppl."""
     workdir, uri = trained
     mlflow.set_tracking_uri(uri)
-    run = mlflow.search_runs(experiment_names=["brown"]).iloc[0]
-    path = mlflow.artifacts.download_artifacts(run_id=run["run_id"], artifact_path="checkpoints/best.ckpt",
-                                               dst_path=str(workdir / "download"))
+    run = mlflow.search_runs(experiment_names=["brown"], filter_string="tags.row = 'MLP3'").iloc[0]
+    path = mlflow.artifacts.download_artifacts(
+        run_id=run["run_id"], artifact_path="checkpoints/best.ckpt", dst_path=str(workdir / "download")
+    )
     module = NPLMModule.load_from_checkpoint(path).eval()
     corpus = prepare_brown(str(brown_path), train=20000, valid=4000, test=4000)
     start, end = corpus.bounds["test"]
@@ -91,8 +92,9 @@ def test_test_loop_scores_every_token(brown_path: Path) -> None:
 
 
 @pytest.mark.parametrize("experiment,row,n", [("del_int", "Del. Int.", "3"), ("kn4", "Kneser-Ney back-off", "4")])
-def test_ngram_rows_run_through_the_same_entry_point(experiment: str, row: str, n: str, brown_path: Path,
-                                                     tmp_path: Path) -> None:
+def test_ngram_rows_run_through_the_same_entry_point(
+    experiment: str, row: str, n: str, brown_path: Path, tmp_path: Path
+) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     result = nplm_train(tmp_path, f"data.path={brown_path}", *SLICE, f"+experiment={experiment}", f"tracking.uri={uri}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -105,3 +107,27 @@ def test_ngram_rows_run_through_the_same_entry_point(experiment: str, row: str, 
         assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
         assert run[f"metrics.{split}_tokens"] == corpus.size(split)
     assert run["params.fit.train_tokens"] == "20000"
+
+
+def test_mixed_rows_reuse_the_trained_mlp(trained: tuple[Path, str], brown_path: Path) -> None:
+    """MLP4 = MLP3's model mixed with the trigram: no retraining; fixed 0.5, and EM-learned weights do no worse."""
+    workdir, uri = trained
+    for mix in ("fixed", "learned", "context"):
+        result = nplm_train(
+            workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp4", f"model.mix={mix}", f"tracking.uri={uri}"
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["brown"]).set_index("params.model.mix")
+    assert sorted(runs.index) == ["context", "fixed", "learned", "none"]  # one MLP, trained once
+    base = runs.loc["none"]
+    for mix in ("fixed", "learned", "context"):
+        mixed = runs.loc[mix]
+        assert mixed["tags.row"] == "MLP4" and mixed["tags.base_run_id"] == base["run_id"]
+        assert mixed["metrics.mlp_valid_ppl"] == pytest.approx(base["metrics.valid_ppl"], rel=1e-9)
+        assert mixed["metrics.mlp_test_ppl"] == pytest.approx(base["metrics.test_ppl"], rel=1e-9)
+    assert runs.loc["fixed", "params.mix.lambda"] == "0.5"
+    valid = runs["metrics.valid_ppl"]
+    # per-bin weights can only do better at the optimum; EM stops at a relative tolerance of 1e-6
+    assert valid["context"] <= valid["learned"] * (1 + 1e-4)
+    assert valid["learned"] <= valid["fixed"] < valid["none"]
