@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.errors import NplmError
@@ -23,14 +24,58 @@ from nplm_repro.mixture import MIX_MODES
 EXIT_BAD_INPUT = 2
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+Rule = tuple[Callable[[Any], bool], str]
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _at_least(low: int) -> Rule:
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f"an integer >= {low}"
 
 
+def _number(low: float, high: float = math.inf, low_open: bool = False) -> Rule:
+    def ok(v: Any) -> bool:
+        return (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and (low < v if low_open else low <= v)
+            and v <= high
+        )
+
+    bound = f"> {low}" if low_open else f">= {low}"
+    return ok, f"a number {bound}" if high == math.inf else f"a number {bound} and <= {high}"
+
+
+def _one_of(*choices: Any) -> Rule:
+    return (lambda v: v in choices), " or ".join(map(str, choices))
+
+
+def _optional(rule: Rule) -> Rule:
+    return (lambda v: v is None or rule[0](v)), f"null or {rule[1]}"
+
+
+COMMON: dict[str, Rule] = {
+    "model.n": _at_least(2),
+    "data.vocab_from": _one_of("stream", "train"),
+    "data.max_unk_freq": _at_least(0),
+    "data.eval_batch_size": _at_least(1),
+    "data.split.train": _at_least(1),
+    "data.split.valid": _at_least(1),
+    "data.split.test": _optional(_at_least(1)),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+}
+NEURAL: dict[str, Rule] = {
+    "model.m": _at_least(1),
+    "model.h": _at_least(0),
+    "model.direct": (lambda v: isinstance(v, bool), "true or false"),
+    "model.mix": _one_of(*MIX_MODES),
+    "optim.recipe": _one_of("paper", "fast"),
+    "optim.lr": _number(0, low_open=True),
+    "optim.weight_decay": _number(0),
+    "optim.batch_size": _at_least(1),
+}
+RECIPES: dict[str, dict[str, Rule]] = {
+    "paper": {"optim.decay_rate": _number(0)},
+    "fast": {"optim.plateau_factor": _number(0, 1, low_open=True)},
+}
 NEURAL_MODEL = "nplm_repro.module.NPLMModule"
 
 
@@ -41,70 +86,14 @@ def is_neural(cfg: DictConfig) -> bool:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise NplmError naming the first key whose value is out of range."""
-    model, optim, data = cfg.model, cfg.optim, cfg.data
-    rules: list[tuple[str, Any, bool, str]] = [
-        ("model.n", model.n, _is_int(model.n) and model.n >= 2, "an integer >= 2"),
-        ("data.vocab_from", data.vocab_from, data.vocab_from in ("stream", "train"), "'stream' or 'train'"),
-        (
-            "data.max_unk_freq",
-            data.max_unk_freq,
-            _is_int(data.max_unk_freq) and data.max_unk_freq >= 0,
-            "an integer >= 0",
-        ),
-        (
-            "data.eval_batch_size",
-            data.eval_batch_size,
-            _is_int(data.eval_batch_size) and data.eval_batch_size >= 1,
-            "an integer >= 1",
-        ),
-        ("seed", cfg.seed, _is_int(cfg.seed), "an integer"),
-    ]
-    rules += [
-        (f"data.split.{name}", data.split[name], _is_int(data.split[name]) and data.split[name] > 0, "an integer > 0")
-        for name in ("train", "valid")
-    ]
-    rules.append(
-        (
-            "data.split.test",
-            data.split.test,
-            data.split.test is None or (_is_int(data.split.test) and data.split.test > 0),
-            "null (the rest) or an integer > 0",
-        )
-    )
+    rules = dict(COMMON)
     if is_neural(cfg):
-        rules += [
-            ("model.m", model.m, _is_int(model.m) and model.m >= 1, "an integer >= 1"),
-            ("model.h", model.h, _is_int(model.h) and model.h >= 0, "an integer >= 0"),
-            ("model.direct", model.direct, isinstance(model.direct, bool), "true or false"),
-            ("model.mix", model.mix, model.mix in MIX_MODES, " or ".join(MIX_MODES)),
-            ("optim.recipe", optim.recipe, optim.recipe in ("paper", "fast"), "'paper' or 'fast'"),
-            ("optim.lr", optim.lr, _is_number(optim.lr) and optim.lr > 0, "a number > 0"),
-            (
-                "optim.weight_decay",
-                optim.weight_decay,
-                _is_number(optim.weight_decay) and optim.weight_decay >= 0,
-                "a number >= 0",
-            ),
-            (
-                "optim.batch_size",
-                optim.batch_size,
-                _is_int(optim.batch_size) and optim.batch_size >= 1,
-                "an integer >= 1",
-            ),
-        ]
-        if optim.recipe == "paper":
-            rules.append(
-                (
-                    "optim.decay_rate",
-                    optim.decay_rate,
-                    _is_number(optim.decay_rate) and optim.decay_rate >= 0,
-                    "a number >= 0",
-                )
-            )
-    for key, value, ok, expected in rules:
-        if not ok:
+        rules |= NEURAL | RECIPES.get(cfg.optim.recipe, {})
+    for key, (ok, expected) in rules.items():
+        value = OmegaConf.select(cfg, key)
+        if not ok(value):
             raise NplmError(f"{key}={value!r} is invalid: expected {expected}")
-    if is_neural(cfg) and model.h == 0 and not model.direct:
+    if is_neural(cfg) and cfg.model.h == 0 and not cfg.model.direct:
         raise NplmError("model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)")
 
 

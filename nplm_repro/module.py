@@ -5,7 +5,8 @@ Recipes (`optim.recipe`):
   after every word; we average the loss over a mini-batch of B words and use the step B * eps_0, so one
   mini-batch moves the weights as far as the paper's B single-word updates would (to first order), and
   weight decay lambda shrinks them by B * eps_0 * lambda per batch, as the paper's per-update decay does.
-- `fast`: Adam with the same L2 penalty on the same weights, larger steps early; see conf/optim/fast.yaml.
+- `fast`: AdamW on batches of 256, its decoupled decay set to shrink the weights per training word as the
+  paper's does; the learning rate drops by `plateau_factor` after an epoch without validation progress.
 Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
 
 Perplexity is exp(mean negative log-likelihood) over every token of a split, from the exact softmax,
@@ -19,11 +20,13 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.nn import functional as F
 
 from nplm_repro.model import NPLM
 
 SPLIT_NAMES = ("train", "valid", "test")
+PAPER_EPS0 = 1e-3  # the paper's learning rate per training word (p.1147)
 
 
 class NPLMModule(L.LightningModule):
@@ -111,5 +114,22 @@ class NPLMModule(L.LightningModule):
             )
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
         if o["recipe"] == "fast":
-            return {"optimizer": torch.optim.Adam(groups, lr=o["lr"])}
+            # AdamW shrinks the weights by lr * wd per step: this wd makes one batch of B words shrink them as
+            # much as B of the paper's updates (eps_0 * lambda each), so weight_decay means the same in both.
+            groups[0]["weight_decay"] = o["weight_decay"] * PAPER_EPS0 * o["batch_size"] / o["lr"]
+            optimizer = torch.optim.AdamW(groups, lr=o["lr"])
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=o["plateau_factor"], patience=0)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "valid_ppl_epoch"}}
         raise ValueError(f"optim.recipe must be 'paper' or 'fast', not {o['recipe']!r}")
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's bar with readable numbers: tokens/s as an integer, perplexity with one decimal."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return {
+            k: f"{v:,.0f}" if k == "tok/s" else f"{v:.1f}" if "ppl" in k and isinstance(v, float) else v
+            for k, v in items.items()
+        }

@@ -62,6 +62,9 @@ def test_tracking_uri_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
         ("optim.batch_size=0", "optim.batch_size"),
         ("optim.recipe=magic", "optim.recipe"),
         ("data.vocab_from=test", "data.vocab_from"),
+        ("optim.plateau_factor=1.5", "optim.plateau_factor"),
+        ("model.mix=half", "model.mix"),
+        ("data.split.test=0", "data.split.test"),
     ],
 )
 def test_out_of_range_values_name_the_key(override: str, key: str) -> None:

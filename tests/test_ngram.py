@@ -17,7 +17,6 @@ from nplm_repro.em import fit_mixture, mixture_probs
 from nplm_repro.errors import NplmError
 from nplm_repro.ngram import DeletedInterpolation, GramIndex, KneserNey, perplexity_of, split_windows
 
-BROWN = Path(__file__).parents[1] / ".." / "shared" / "data" / "brown.zip"
 
 
 def tiny_corpus(train: str, valid: str, test: str) -> Corpus:
@@ -33,13 +32,14 @@ def rows_of(corpus: Corpus, *windows: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def small() -> Corpus:
-    return prepare_brown(str(BROWN), train=50_000, valid=10_000, test=10_000)
+def small(brown_path: Path) -> Corpus:
+    return prepare_brown(str(brown_path), train=50_000, valid=10_000, test=10_000)
 
 
 @pytest.fixture(scope="module")
-def full() -> Corpus:
-    return prepare_brown(str(BROWN))
+def full(brown: Corpus) -> Corpus:
+    """The full Brown stream (conftest's session fixture)."""
+    return brown
 
 
 # --- EM -----------------------------------------------------------------------------------------------
