@@ -91,6 +91,15 @@ class RunLogger(MLFlowLogger):
         super().finalize("success")
 
 
+def run_name(cfg: DictConfig) -> str:
+    """The paper's row (or the model's knobs) and the seed. MLflow's random names repeat under a fixed seed."""
+    knobs = {k: v for k, v in cfg.model.items() if k != "_target_"}
+    what = cfg.get("row") or " ".join(f"{k}={v}" for k, v in knobs.items())
+    if cfg.get("row") and knobs.get("mix", "none") not in ("none", "fixed"):
+        what += f" mix={knobs['mix']}"
+    return f"{what} seed={cfg.seed}"
+
+
 def open_run(cfg: DictConfig, corpus: Corpus, **extra_tags: str) -> RunLogger:
     """Create the MLflow run of this job, with its params and tags; fails with one line if the store is unreachable."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
@@ -98,7 +107,9 @@ def open_run(cfg: DictConfig, corpus: Corpus, **extra_tags: str) -> RunLogger:
     if cfg.get("row"):
         tags["row"] = cfg.row
     try:
-        logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_name=cfg.tracking.run_name, tags=tags)
+        logger = RunLogger(
+            experiment_name=experiment, tracking_uri=uri, run_name=cfg.tracking.run_name or run_name(cfg), tags=tags
+        )
         logger.log_hyperparams(flat_params(cfg))
     except Exception as error:  # MLflow raises many types for a bad store; all mean the same to the user
         raise NplmError(f"tracking store {uri!r} is unusable: {str(error).splitlines()[0]}") from error

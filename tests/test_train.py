@@ -50,6 +50,7 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     assert run["tags.vocab_size"] == str(corpus.vocab_size)
     assert (run["tags.train_tokens"], run["tags.valid_tokens"], run["tags.test_tokens"]) == ("20000", "4000", "4000")
     assert run["tags.row"] == "MLP3" and run["tags.git_commit"]
+    assert run["tags.mlflow.runName"] == "MLP3 seed=7"
     for split in SPLITS:
         assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
     assert run["metrics.train_tokens_per_s"] > 0
