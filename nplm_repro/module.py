@@ -1,12 +1,12 @@
 """The LightningModule around eq. (1): loss, the two optimiser recipes, exact perplexity.
 
-Recipes (`optim.recipe`):
-- `paper`: SGD with eps_t = eps_0 / (1 + r t) (p.1147), t counting training examples. The paper updates
-  after every word; we average the loss over a mini-batch of B words and use the step B * eps_0, so one
+Both recipes are SGD with weight decay, the learning rate `optim.lr` counted per training word:
+- `paper`: eps_t = eps_0 / (1 + r t) (p.1147), eps_0 = 1e-3, t counting training words. The paper updates
+  after every word; we average the loss over a mini-batch of B words and take the step B * eps_t, so one
   mini-batch moves the weights as far as the paper's B single-word updates would (to first order), and
-  weight decay lambda shrinks them by B * eps_0 * lambda per batch, as the paper's per-update decay does.
-- `fast`: AdamW on batches of 256, its decoupled decay set to shrink the weights per training word as the
-  paper's does; the learning rate drops by `plateau_factor` after an epoch without validation progress.
+  weight decay lambda shrinks them by B * eps_t * lambda per batch, as the paper's per-update decay does.
+- `fast`: 5 times the paper's rate on batches of 256, multiplied by `plateau_factor` after each epoch that
+  does not improve validation perplexity (early stopping ends training two such epochs later).
 Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
 
 Perplexity is exp(mean negative log-likelihood) over every token of a split, from the exact softmax,
@@ -23,10 +23,8 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.nn import functional as F
 
+from nplm_repro.corpus import SPLITS
 from nplm_repro.model import NPLM
-
-SPLIT_NAMES = ("train", "valid", "test")
-PAPER_EPS0 = 1e-3  # the paper's learning rate per training word (p.1147)
 
 
 class NPLMModule(L.LightningModule):
@@ -35,8 +33,8 @@ class NPLMModule(L.LightningModule):
         self.save_hyperparameters()
         self.model = NPLM(vocab_size, n, m, h, direct)
         self.optim = dict(optim)
-        self._nll = torch.zeros(len(SPLIT_NAMES), dtype=torch.float64)
-        self._tokens = torch.zeros(len(SPLIT_NAMES), dtype=torch.int64)
+        self._nll = torch.zeros(len(SPLITS), dtype=torch.float64)
+        self._tokens = torch.zeros(len(SPLITS), dtype=torch.int64)
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:
         """Log-probabilities log P(w | context), [batch, |V|]."""
@@ -58,7 +56,7 @@ class NPLMModule(L.LightningModule):
         self.log("train_tokens_per_s", self.tokens_per_s)
 
     # Exact perplexity: validation_step scores the valid split each epoch; test_step scores any split,
-    # dataloader i being SPLIT_NAMES[i] (train, valid, test), for the reported checkpoint.
+    # dataloader i being SPLITS[i] (train, valid, test), for the reported checkpoint.
     def _accumulate(self, batch: tuple[torch.Tensor, torch.Tensor], slot: int) -> None:
         context, target = batch
         nll = F.cross_entropy(self.model(context).float(), target, reduction="none")
@@ -77,10 +75,10 @@ class NPLMModule(L.LightningModule):
         self._reset()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._accumulate(batch, SPLIT_NAMES.index("valid"))
+        self._accumulate(batch, SPLITS.index("valid"))
 
     def on_validation_epoch_end(self) -> None:
-        self.log("valid_ppl_epoch", self._perplexity(SPLIT_NAMES.index("valid")), prog_bar=True)
+        self.log("valid_ppl_epoch", self._perplexity(SPLITS.index("valid")), prog_bar=True)
 
     def on_test_epoch_start(self) -> None:
         self._reset()
@@ -89,7 +87,7 @@ class NPLMModule(L.LightningModule):
         self._accumulate(batch, dataloader_idx)
 
     def on_test_epoch_end(self) -> None:
-        for slot, split in enumerate(SPLIT_NAMES):
+        for slot, split in enumerate(SPLITS):
             if self._tokens[slot]:
                 self.log(f"{split}_ppl", self._perplexity(slot))
                 self.log(f"{split}_tokens", self._tokens[slot].double())
@@ -106,21 +104,15 @@ class NPLMModule(L.LightningModule):
             {"params": self.model.decayed(), "weight_decay": o["weight_decay"]},
             {"params": self.model.biases(), "weight_decay": 0.0},
         ]
+        batch = o["batch_size"]
+        optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch)  # lr is per training word, see the module doc
         if o["recipe"] == "paper":
-            batch = o["batch_size"]
-            optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch)
-            schedule = torch.optim.lr_scheduler.LambdaLR(
+            decay = torch.optim.lr_scheduler.LambdaLR(
                 optimizer, lambda step: 1.0 / (1.0 + o["decay_rate"] * step * batch)
             )
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-        if o["recipe"] == "fast":
-            # AdamW shrinks the weights by lr * wd per step: this wd makes one batch of B words shrink them as
-            # much as B of the paper's updates (eps_0 * lambda each), so weight_decay means the same in both.
-            groups[0]["weight_decay"] = o["weight_decay"] * PAPER_EPS0 * o["batch_size"] / o["lr"]
-            optimizer = torch.optim.AdamW(groups, lr=o["lr"])
-            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=o["plateau_factor"], patience=0)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "valid_ppl_epoch"}}
-        raise ValueError(f"optim.recipe must be 'paper' or 'fast', not {o['recipe']!r}")
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=o["plateau_factor"], patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "valid_ppl_epoch"}}
 
 
 class ProgressBar(TQDMProgressBar):

@@ -8,6 +8,7 @@ a text had just ended (which is what precedes every other text).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -45,7 +46,7 @@ class WindowBatches:
         self.passes = 0
 
     def __len__(self) -> int:
-        return -(-len(self.rows) // self.batch_size)
+        return math.ceil(len(self.rows) / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.shuffle:
