@@ -18,7 +18,6 @@ from nplm_repro.errors import NplmError
 from nplm_repro.ngram import DeletedInterpolation, GramIndex, KneserNey, perplexity_of, split_windows
 
 
-
 def tiny_corpus(train: str, valid: str, test: str) -> Corpus:
     """A corpus from whitespace-separated words; vocabulary = its words (sorted), then <eot>, <unk>."""
     words = f"{train} {valid} {test}".split()
