@@ -25,8 +25,7 @@
   unigram level they are all 0 (every class follows hundreds of distinct classes), where SRILM's
   `ngram-count -kndiscount` stops with "one of required modified KneserNey count-of-counts is zero".
   Such an order takes the three discounts of the nearest higher order that has them (the class bigram
-  level), which is recorded in `describe()` (`class_kn.1gram.discounts_from`). KneserNey has no hook
-  for this, so `fit_class_kneser_ney` swaps `ngram.kn_discounts` for the duration of the fit.
+  level; KneserNey's `borrow_discounts`), which is recorded in `describe()` (`class_kn.1gram.discounts_from`).
 - **P(w | class)** is the relative frequency of w among the training tokens of its class. Words never seen
   in training (794 on Brown: the vocabulary counts the whole stream) form one extra class `<unseen>`,
   uniform over its words. It never occurs in training, so the class n-gram gives it the class unigram's
@@ -38,18 +37,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from nplm_repro import ngram
 from nplm_repro.corpus import END_OF_TEXT, Corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.ngram import SRILM_MIN_COUNTS, KneserNey, NgramModel
@@ -342,53 +339,6 @@ def cluster_words(
     return clustering, False
 
 
-@contextlib.contextmanager
-def _discount_fallback(borrowed: dict[int, tuple[float, ...]], failed: set[int]) -> Iterator[None]:
-    """While fitting a KneserNey: orders in `borrowed` get those discounts; an order whose own cannot be
-    estimated is added to `failed` (and gets placeholders, to be replaced by a second fit)."""
-    estimate = ngram.kn_discounts
-
-    def discounts(count: np.ndarray, level: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
-        if level in borrowed:
-            return tuple(int((count == r).sum()) for r in (1, 2, 3, 4)), borrowed[level]
-        try:
-            return estimate(count, level)
-        except NplmError:
-            failed.add(level)
-            return (0, 0, 0, 0), (1.0, 1.0, 1.0)
-
-    ngram.kn_discounts = discounts
-    try:
-        yield
-    finally:
-        ngram.kn_discounts = estimate
-
-
-def fit_class_kneser_ney(
-    classes: Corpus, n: int, interpolate: bool, min_counts: Sequence[int]
-) -> tuple[KneserNey, dict[int, int]]:
-    """ngram.KneserNey on a class stream; orders whose discounts cannot be estimated take those of the
-    nearest higher order that has them. Returns the model and {order: order its discounts come from}."""
-    failed: set[int] = set()
-    with _discount_fallback({}, failed):
-        model = KneserNey(n, interpolate, min_counts).fit(classes)
-    if not failed:
-        return model, {}
-    sources: dict[int, int] = {}
-    for level in sorted(failed):
-        higher = [h for h in range(level + 1, n + 1) if h not in failed]
-        if not higher:
-            raise NplmError(
-                f"class n-gram: modified Kneser-Ney discounts cannot be estimated at order {level} nor above "
-                f"(too few classes or tokens)"
-            )
-        sources[level] = higher[0]
-    borrowed = {level: tuple(model.stats[src][d] for d in ("D1", "D2", "D3+")) for level, src in sources.items()}
-    with _discount_fallback(borrowed, set()):
-        model = KneserNey(n, interpolate, min_counts).fit(classes)
-    return model, sources
-
-
 class ClassBackoff(NgramModel):
     """P(w | h) = P_KN(class(w) | classes of h) * P(w | class(w)); see the module docstring.
 
@@ -437,9 +387,9 @@ class ClassBackoff(NgramModel):
             dict(corpus.bounds),
             dict(corpus.counts),
         )
-        self.class_model, self.discounts_from = fit_class_kneser_ney(
-            self.class_corpus, self.order, self.interpolate, self.min_counts
-        )
+        self.class_model = KneserNey(self.order, self.interpolate, self.min_counts, borrow_discounts=True)
+        self.class_model.fit(self.class_corpus)
+        self.discounts_from = self.class_model.discounts_from
         start, end = corpus.bounds["train"]
         words = np.bincount(corpus.ids[start:end].numpy(), minlength=corpus.vocab_size).astype(np.float64)
         per_class = np.bincount(self.word_class, weights=words, minlength=len(names))

@@ -256,10 +256,16 @@ class KneserNey(NgramModel):
     discounts of 0 and do not occur here.
     """
 
-    def __init__(self, n: int = 3, interpolate: bool = False, min_counts: Sequence[int] = SRILM_MIN_COUNTS) -> None:
+    def __init__(
+        self,
+        n: int = 3,
+        interpolate: bool = False,
+        min_counts: Sequence[int] = SRILM_MIN_COUNTS,
+        borrow_discounts: bool = False,
+    ) -> None:
         if n < 2:
             raise NplmError(f"model.n={n}: Kneser-Ney needs n >= 2")
-        self.order, self.interpolate = n, interpolate
+        self.order, self.interpolate, self.borrow_discounts = n, interpolate, borrow_discounts
         self.min_counts = tuple(max(1, min_counts[min(i, len(min_counts) - 1)]) for i in range(n))
 
     def fit(self, corpus: Corpus) -> KneserNey:
@@ -273,16 +279,18 @@ class KneserNey(NgramModel):
         self.probs: dict[int, np.ndarray] = {}  # level -> p of each explicit n-gram id (0 elsewhere)
         self.explicit: dict[int, np.ndarray] = {}
         self.bows: dict[int, np.ndarray] = {}  # level -> bow of each context id (of level - 1)
+        counts = {n: raw[n]}  # continuation counts below the top order: distinct words seen before the n-gram
+        counts |= {
+            lv: np.bincount(self.index.suffix(lv + 1)[raw[lv + 1] > 0], minlength=sizes[lv]) for lv in range(1, n)
+        }
+        discounts, self.discounts_from = self._discounts(counts)
         full = np.array([1.0 / self.vocab_size])  # order 0: uniform; `full` = P of every id of the level
         for level in range(1, n + 1):
-            if level == n:
-                count = raw[n]
-            else:  # continuation count: distinct words seen before this n-gram
-                count = np.bincount(self.index.suffix(level + 1)[raw[level + 1] > 0], minlength=sizes[level])
+            count = counts[level]
             context = np.full(sizes[level], -1)
             context[codes.targets[level]] = codes.contexts[level - 1]
             lower = full[self.index.suffix(level)]
-            counts_of_counts, d = kn_discounts(count, level)
+            counts_of_counts, d = discounts[level]
             discount = np.array([0.0, *d])[np.minimum(count, 3)]
             counted, keep = count > 0, count >= self.min_counts[level - 1]
             total = np.bincount(context[counted], weights=count[counted], minlength=sizes[level - 1])
@@ -307,6 +315,33 @@ class KneserNey(NgramModel):
         self.fingerprint = corpus.fingerprint
         return self
 
+    def _discounts(self, counts: dict[int, np.ndarray]) -> tuple[dict[int, tuple], dict[int, int]]:
+        """D1, D2, D3+ of every order, and {order: order it borrowed from} when `borrow_discounts`.
+
+        Chen & Goodman's estimate needs count-of-counts n1..n4 > 0, which fails where every type is seen
+        often (a class unigram follows hundreds of distinct classes; SRILM stops there with "one of required
+        modified KneserNey count-of-counts is zero"). With `borrow_discounts` such an order takes the
+        discounts of the nearest higher order that has them; otherwise the error stands.
+        """
+        found: dict[int, tuple] = {}
+        for level, count in counts.items():
+            try:
+                found[level] = kn_discounts(count, level)
+            except NplmError:
+                if not self.borrow_discounts:
+                    raise
+        sources: dict[int, int] = {}
+        for level in sorted(set(counts) - set(found)):
+            higher = [h for h in sorted(found) if h > level]
+            if not higher:
+                raise NplmError(
+                    f"Kneser-Ney: discounts cannot be estimated at order {level} nor above (too little data)"
+                )
+            sources[level] = higher[0]
+            coc = tuple(int((counts[level] == r).sum()) for r in (1, 2, 3, 4))
+            found[level] = (coc, found[higher[0]][1])
+        return found, sources
+
     def window_probs(self, rows: np.ndarray) -> np.ndarray:
         """Back-off scoring, lowest order first: keep the explicit probability, else bow(h) * the lower one."""
         codes = self.index.encode(rows)
@@ -324,6 +359,7 @@ class KneserNey(NgramModel):
             "order": self.order,
             "interpolate": self.interpolate,
             "min_counts": ",".join(map(str, self.min_counts)),
+            **{f"{level}gram.discounts_from": f"{src}gram" for level, src in self.discounts_from.items()},
             "vocab_size": self.vocab_size,
             "train_tokens": self.train_tokens,
         }
