@@ -1,0 +1,410 @@
+"""`nplm-report`: real MLflow stores in; the paper's tables, our numbers beside them and the claims checked out.
+
+One store holds real rows run on a small slice of Brown (n-grams, a few batches of MLP5, MLP6 mixing it).
+Another holds runs logged with MLflow's client in nplm-train's schema (params of the real composed config),
+to put rows in every state: several seeds, RUNNING, FAILED, two configurations, other studies, other data.
+"""
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from nplm_repro import report, train
+from nplm_repro.claims import FAILS, HOLDS, NOT_MEASURED, PARTLY, check_claims
+from nplm_repro.errors import NplmError
+from nplm_repro.report import build, label, paper_table, write
+from nplm_repro.tracking import flat_params
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
+TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
+ROWS = ("del_int", "kn3", "kn4", "mlp5", "mlp6")
+PAPER_ROWS = list(pd.read_csv(Path(report.__file__).parent / "paper" / "brown_table1.csv")["name"])
+FP_NEW, FP_OLD = "feedfacefeedface", "0123456789abcdef"
+T0 = 1_700_000_000_000  # ms; `start` below counts seconds after it
+
+
+def composed(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def nplm_report(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """The installed console script, as a user runs it (never inheriting a tracking URI from this process)."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    command = [str(Path(sys.executable).parent / "nplm-report"), *args]
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600, env=env, check=False)
+
+
+def runs_of(uri: str) -> dict[str, dict[str, float]]:
+    """Metrics of each run of experiment brown, by row tag and n (Kneser-Ney rows share a name)."""
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("brown").experiment_id
+    runs = client.search_runs([experiment])
+    return {f"{r.data.tags.get('row')} n={r.data.params['model.n']}": r.data.metrics for r in runs}
+
+
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty SQLite store, its tables created once (2 s of CPU) and copied for every store of this module."""
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def store_in(directory: Path, empty_store: Path) -> str:
+    shutil.copy(empty_store, directory / "mlflow.db")
+    return f"sqlite:///{directory}/mlflow.db"
+
+
+# --- real runs ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """Real rows on 28k tokens of Brown: Del. Int., Kneser-Ney n=3 and 4, 5 batches of MLP5, MLP6 mixing it."""
+    workdir = tmp_path_factory.mktemp("real")
+    uri = store_in(workdir, empty_store)
+    common = [f"data.path={brown_path}", *SLICE, *TINY, f"tracking.uri={uri}"]
+    configs = [
+        composed(f"+experiment={e}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt") for e in ROWS
+    ]
+    corpus = train.load_corpus(configs[0].data)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
+        patch.setattr(train, "load_corpus", lambda data: corpus)  # the same slice for every row: read it once
+        for cfg in configs:
+            train.run(cfg)
+    return workdir, uri
+
+
+def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
+    real_store: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    workdir, uri = real_store
+    out = tmp_path / "reports"
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # restored after the test: the CLI wrapper sets it
+    monkeypatch.setattr(sys, "argv", ["nplm-report", "--tracking-uri", uri, "--out", str(out)])
+    report.main()
+    study = "brown_table1"
+    figures = {f"{study}_valid_by_epoch.png", f"{study}_n.png", f"{study}_mix.png"}  # h, m, direct, c: one value
+    files = {f"{study}.{ext}" for ext in ("md", "tex", "csv", "html")} | figures
+    assert {p.name for p in out.iterdir()} == files
+    assert sorted(capsys.readouterr().out.split()) == sorted(str(out / f) for f in files)
+    assert all((out / f).read_bytes().startswith(b"\x89PNG") for f in figures)
+
+    table = pd.read_csv(out / f"{study}.csv")
+    required = "row, n, c, h, m, direct, mix, train_ppl, valid_ppl, test_ppl, paper_train_ppl, paper_valid_ppl, "
+    required += "paper_test_ppl, seeds"
+    assert list(table.columns[:14]) == required.split(", ")
+    assert list(table["row"]) == PAPER_ROWS
+    paper = pd.read_csv(Path(report.__file__).parent / "paper" / "brown_table1.csv")
+    for column in ("n", "c", "h", "m", "direct", "mix"):
+        assert table[column].fillna("").astype(str).tolist() == paper[column].fillna("").astype(str).tolist()
+    for split in ("train", "valid", "test"):
+        assert np.allclose(table[f"paper_{split}_ppl"], paper[f"{split}_ppl"], equal_nan=True)
+
+    ours = runs_of(uri)
+    shown = {"MLP5 n=5": 4, "MLP6 n=5": 5, "Del. Int. n=3": 10, "Kneser-Ney back-off n=3": 11}
+    shown["Kneser-Ney back-off n=4"] = 12
+    for key, i in shown.items():
+        row = table.iloc[i]
+        assert row["status"] == "finished" and row["seeds"] == 1
+        for split in ("valid", "test"):
+            assert row[f"{split}_ppl"] == pytest.approx(ours[key][f"{split}_ppl"], rel=1e-12)
+            assert row[f"{split}_rel_diff"] == pytest.approx(row[f"{split}_ppl"] / row[f"paper_{split}_ppl"] - 1)
+    assert np.isnan(table.iloc[5]["train_ppl"])  # a mixed row has no train perplexity
+    missing = table[~table.index.isin(shown.values())]
+    assert set(missing["status"]) == {"missing"} and missing["valid_ppl"].isna().all()
+
+    md = (out / f"{study}.md").read_text()
+    mlp5 = ours["MLP5 n=5"]
+    cells = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| MLP5 ")).split("|")]
+    valid = f"{mlp5['valid_ppl']:.1f}", "296", f"{mlp5['valid_ppl'] / 296 - 1:+.1%}"
+    assert cells[1:8] == ["MLP5", "5", "", "50", "30", "yes", "no"] and tuple(cells[11:14]) == valid
+    assert f"MLP5 -> MLP6: test {mlp5['test_ppl']:.1f} -> {ours['MLP6 n=5']['test_ppl']:.1f}" in md
+    assert "## Missing (no run)\n\n- MLP1\n" in md
+    fingerprint = MlflowClient(uri).search_runs(["1"])[0].data.tags["data_fingerprint"]
+    assert f"nplm-report --study {study} --experiment brown --fingerprint {fingerprint}" in md
+    tex = (out / f"{study}.tex").read_text()
+    assert all(rule in tex for rule in (r"\toprule", r"\midrule", r"\bottomrule"))
+    for name in ("md", "tex", "html"):
+        assert str(workdir) not in (out / f"{study}.{name}").read_text()  # nothing of this machine's paths
+
+
+# --- every state, logged in nplm-train's schema ---------------------------------------------------------------
+
+
+@functools.cache
+def params_of(*overrides: str) -> dict[str, str]:
+    """The params nplm-train logs for these overrides (the real composed config, flattened)."""
+    cfg = composed(*overrides, "data.path=brown.zip", "callbacks.model_checkpoint.dirpath=checkpoints")
+    return {k: str(v) for k, v in flat_params(cfg).items()}
+
+
+def log_run(
+    client: MlflowClient,
+    experiment_id: str,
+    overrides: tuple[str, ...],
+    start: int,
+    status: str = "FINISHED",
+    ppl: tuple[float | None, float, float] | None = None,
+    epochs: tuple[float, ...] = (),
+    fingerprint: str = FP_NEW,
+    **tags: str,
+) -> str:
+    """A run as nplm-train records it: params, data tags, the row tag, (train, valid, test) perplexities."""
+    params = params_of(*overrides)
+    data = {"data_fingerprint": fingerprint, "corpus": "brown", "vocab_size": "17907", "git_commit": "abc1234"}
+    data |= {"train_tokens": "800000", "valid_tokens": "200000", "test_tokens": "177359"}
+    row = {"row": params["row"]} if params["row"] != "None" else {}
+    created = client.create_run(experiment_id, start_time=T0 + start * 1000, tags={**data, **row, **tags})
+    run_id = created.info.run_id
+    metrics = [Metric("valid_ppl_epoch", v, T0, step) for step, v in enumerate(epochs)]
+    if ppl:
+        named = zip(("train_ppl", "valid_ppl", "test_ppl"), ppl)
+        metrics += [Metric(name, v, T0, 0) for name, v in named if v is not None]
+    client.log_batch(run_id, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
+    if status != "RUNNING":
+        client.set_terminated(run_id, status, end_time=T0 + start * 1000 + 500)
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def states(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A store with rows in every state; returns its URI and the ids of the runs tests look for."""
+    workdir = tmp_path_factory.mktemp("states")
+    uri = store_in(workdir, empty_store)
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(workdir / "mlruns"))
+    mlp = "+experiment=mlp{}".format
+    ids = {"uri": uri}
+    log_run(client, brown, ("+experiment=del_int",), 0, ppl=(31, 360, 340), fingerprint=FP_OLD)
+    log_run(client, brown, (mlp(1), "seed=1"), 1, ppl=(190, 400, 390))  # superseded by the newer seed-1 run
+    for i, seed in enumerate((1, 2, 3)):
+        values = (180 + 2 * i, 280 + 2 * i, 266 + 2 * i)
+        log_run(client, brown, (mlp(1), f"seed={seed}"), 10 + i, ppl=values, epochs=(300, 290, values[1]))
+    ids["running_seed"] = log_run(client, brown, (mlp(1), "seed=4"), 13, status="RUNNING", epochs=(310,))
+    log_run(client, brown, (mlp(2),), 14, ppl=(None, 270, 255))
+    ids["running"] = log_run(client, brown, (mlp(3),), 15, status="RUNNING")
+    ids["failed"] = log_run(client, brown, (mlp(4),), 16, status="FAILED", note="out of memory")
+    log_run(client, brown, (mlp(5),), 17, ppl=(210, 290, 265))
+    log_run(client, brown, (mlp(5), "optim=paper"), 18, ppl=(200, 300, 250))  # better test, worse valid
+    log_run(client, brown, (mlp(6), "model.mix=learned"), 19, ppl=(None, 271, 252))
+    log_run(client, brown, (mlp(7), "model.m=8"), 20, ppl=(220, 320, 300))
+    log_run(client, brown, ("+experiment=kn3",), 21, ppl=(90, 340, 320), study="grid")
+    log_run(client, brown, ("+experiment=del_int",), 22, ppl=(32, 350, 330))
+    parent = client.create_run(brown, start_time=T0 + 23_000, tags={"sweep": "true", "study": "brown_table1"})
+    client.set_tag(parent.info.run_id, "data_fingerprint", FP_NEW)  # even so, a parent is not a row
+    ids["parent"] = parent.info.run_id
+    child = {"study": "brown_table1", "mlflow.parentRunId": parent.info.run_id}
+    log_run(client, brown, (mlp(8),), 24, ppl=(None, 285, 268), **child)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def table1(states: dict[str, str]) -> report.Report:
+    return build(states["uri"], "brown", "brown_table1")
+
+
+def row(rep: report.Report, name: str) -> pd.Series:
+    return rep.table.set_index("label").loc[name]
+
+
+def test_several_seeds_are_mean_and_std_of_the_newest_finished_run_of_each_seed(table1: report.Report) -> None:
+    mlp1 = row(table1, "MLP1")
+    assert (mlp1["seeds"], mlp1["running"]) == (3, 1)
+    assert mlp1["valid_ppl"] == pytest.approx(282) and mlp1["valid_ppl_std"] == pytest.approx(2)
+    assert mlp1["test_ppl"] == pytest.approx(268) and mlp1["train_ppl"] == pytest.approx(182)
+    md = report.markdown(table1, [])
+    assert "| MLP1 " in md and "282.0 ± 2.0" in md and "3 (+1 running)" in md
+    assert [values for _, values in table1.history["MLP1"]] == [[300, 290, 280], [300, 290, 282], [300, 290, 284]]
+
+
+def test_a_running_row_is_shown_as_running_never_as_a_number(states: dict[str, str], table1: report.Report) -> None:
+    mlp3 = row(table1, "MLP3")
+    assert mlp3["status"] == "running" and np.isnan(mlp3["valid_ppl"]) and np.isnan(mlp3["test_ppl"])
+    assert report.display(table1).set_index(("", "row")).loc["MLP3", ("valid", "ours")] == "running"
+    assert set(table1.running["run_id"]) == {states["running"], states["running_seed"]}
+
+
+def test_failed_and_missing_rows_are_listed(states: dict[str, str], table1: report.Report) -> None:
+    assert row(table1, "MLP4")["status"] == "failed"
+    assert list(table1.failed["run_id"]) == [states["failed"]]
+    md = report.markdown(table1, [])
+    assert (
+        "## Failed or killed\n\n- MLP4 (n=5, h=0, m=60, direct=yes, mix=yes; run" in md
+        and "FAILED; note: out of memory" in md
+    )
+    assert "MLP9" in table1.missing and "Kneser-Ney back-off n=3" in table1.missing
+
+
+def test_a_row_run_in_several_configurations_shows_the_lowest_validation_never_the_lowest_test(
+    table1: report.Report,
+) -> None:
+    mlp5 = row(table1, "MLP5")
+    assert (mlp5["valid_ppl"], mlp5["test_ppl"]) == (290, 265)
+    attempts = report.attempts_table(table1)
+    other = attempts[(attempts["row"] == "MLP5") & (attempts["shown"] == "")].iloc[0]
+    assert other["valid"] == "300.0" and "optim.recipe=paper (shown: fast)" in other["differs from the one shown"]
+
+
+def test_other_configurations_and_studies_go_to_their_own_report(states: dict[str, str], table1: report.Report) -> None:
+    assert {row(table1, name)["status"] for name in ("MLP6", "MLP7", "Kneser-Ney back-off n=3")} == {"missing"}
+    excluded = "\n".join(table1.excluded)
+    assert "MLP6 (n=5, h=50, m=30, direct=yes, mix=learned" in excluded
+    assert "MLP7 (n=3, h=50, m=8" in excluded and "in study 'adhoc'" in excluded
+    assert "Kneser-Ney back-off (n=3; run" in excluded and "in study 'grid', its study tag" in excluded
+    adhoc = build(states["uri"], "brown", "adhoc").table
+    assert sorted(adhoc["mix"]) == ["learned", "no"] and set(adhoc["row"]) == {"MLP"}
+    grid = build(states["uri"], "brown", "grid").table.iloc[0]
+    assert (grid["row"], grid["valid_ppl"], grid["paper_valid_ppl"]) == ("Kneser-Ney back-off", 340, 334)
+
+
+def test_runs_of_two_data_fingerprints_are_never_mixed(states: dict[str, str], table1: report.Report) -> None:
+    assert table1.fingerprint == FP_NEW  # the newest run's
+    assert row(table1, "Del. Int.")["valid_ppl"] == 350 and row(table1, "Del. Int.")["seeds"] == 1
+    assert list(table1.other_data["fingerprint"]) == [FP_OLD]
+    old = build(states["uri"], "brown", "brown_table1", fingerprint=FP_OLD)
+    assert row(old, "Del. Int.")["valid_ppl"] == 360 and set(old.table["status"]) == {"finished", "missing"}
+    with pytest.raises(NplmError, match=f"--fingerprint nope: no run of study 'brown_table1' has it .*{FP_NEW}"):
+        build(states["uri"], "brown", "brown_table1", fingerprint="nope")
+
+
+def test_a_sweep_parent_run_is_not_a_row(states: dict[str, str], table1: report.Report) -> None:
+    shown = " ".join(table1.table["run_ids"].dropna()).split()
+    assert states["parent"] not in {*table1.running["run_id"], *table1.failed["run_id"], *shown}
+    assert row(table1, "MLP8")["valid_ppl"] == 285
+
+
+def test_a_study_without_runs_is_refused(states: dict[str, str]) -> None:
+    with pytest.raises(
+        NplmError, match="no runs of study 'ap_table2' in experiment 'brown' .*adhoc, brown_table1, grid"
+    ):
+        build(states["uri"], "brown", "ap_table2")
+
+
+def test_nothing_is_written_unless_every_file_is(
+    table1: report.Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(_: report.Report) -> str:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report, "latex", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write(table1, tmp_path / "reports")
+    assert not (tmp_path / "reports").exists()
+
+
+# --- the paper's claims ---------------------------------------------------------------------------------------
+
+
+def paper_as_ours(study: str = "brown_table1", **test: float | None) -> pd.DataFrame:
+    """The paper's table with our numbers equal to the paper's, but for the test perplexities given (None: not run)."""
+    table = paper_table(study)
+    table["label"] = table.apply(label, axis=1)
+    table["valid_ppl"], table["test_ppl"] = table["paper_valid_ppl"], table["paper_test_ppl"]
+    table["status"] = "finished"
+    for name, value in test.items():
+        where = table["label"] == name.replace("_", " ")
+        table.loc[where, "test_ppl"] = value
+        table.loc[where, "status"] = "finished" if value is not None else "missing"
+    return table
+
+
+def verdicts(table: pd.DataFrame) -> list[str]:
+    return [claim.verdict for claim in check_claims("brown_table1", table)]
+
+
+def test_the_papers_own_numbers_satisfy_every_claim_it_makes() -> None:
+    claims = check_claims("brown_table1", paper_as_ours())
+    assert [c.verdict for c in claims] == [HOLDS] * 5
+    assert (
+        claims[3].evidence[1]
+        == "paper: class-based back-off n=3 c=500 312 against MLP10 252, the baseline +23.8% higher"
+    )
+    assert claims[4].evidence[1] == "paper: Del. Int. 336 against MLP10 252, the baseline +33.3% higher"
+    ap = check_claims("ap_table2", paper_as_ours("ap_table2"))
+    assert [c.verdict for c in ap] == [HOLDS] and "+7.3% higher" in ap[0].evidence[0]
+
+
+def test_a_mixture_worse_than_its_mlp_fails_the_mixing_claim() -> None:
+    assert verdicts(paper_as_ours(MLP2=269))[0] == FAILS
+    assert verdicts(paper_as_ours(MLP2=None, MLP4=None))[0] == PARTLY
+    assert verdicts(paper_as_ours(**{f"MLP{k}": None for k in range(1, 11)}))[:3] == [
+        NOT_MEASURED,
+        NOT_MEASURED,
+        PARTLY,
+    ]
+
+
+def test_hidden_units_and_context_claims_follow_our_numbers() -> None:
+    assert verdicts(paper_as_ours(MLP1=311))[1] == FAILS  # h=50 no better than h=0
+    assert verdicts(paper_as_ours(MLP5=294))[2] == FAILS  # n=5 no better than n=3 for the MLP
+    assert verdicts(paper_as_ours(**{"Kneser-Ney_back-off_n=5": 310}))[2] == FAILS  # 4% better: context helped
+    assert verdicts(paper_as_ours(**{"Kneser-Ney_back-off_n=5": 321.5}))[2] == HOLDS  # 0.5%: no help
+
+
+def test_the_best_mlp_is_chosen_on_validation_and_must_beat_the_best_ngram() -> None:
+    claims = check_claims("brown_table1", paper_as_ours(MLP10=320))
+    assert claims[3].verdict == FAILS and "against MLP10 320.0, the baseline -2.5% higher" in claims[3].evidence[0]
+    partly = check_claims("brown_table1", paper_as_ours(**{"class-based_back-off_n=3_c=500": None}))
+    assert partly[3].verdict == PARTLY and "ours: class-based back-off n=4 c=500 312.0" in partly[3].evidence[0]
+    assert partly[3].evidence[2] == "no finished run, so not among the candidates: class-based back-off n=3 c=500"
+
+
+# --- bad input: one line, a non-zero exit, nothing written ----------------------------------------------------
+
+
+def no_finished_runs(uri: str) -> None:
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown")
+    log_run(client, brown, ("+experiment=mlp1",), 0, status="RUNNING")
+    log_run(client, brown, ("+experiment=mlp3",), 1, status="FAILED")
+
+
+def foreign_runs(uri: str) -> None:
+    client = MlflowClient(uri)
+    created = client.create_run(client.create_experiment("brown"), tags={"team": "vision"})
+    client.log_batch(created.info.run_id, metrics=[Metric("accuracy", 0.9, T0, 0)], params=[Param("lr", "0.1")])
+    client.set_terminated(created.info.run_id)
+
+
+def nothing(uri: str) -> None:
+    """An empty store: tables, no experiment but MLflow's Default."""
+
+
+@pytest.mark.parametrize(
+    "fill,message",
+    [
+        (None, "no tracking store at "),
+        (nothing, "no runs to report: the store has no experiment 'brown' (it has only Default)"),
+        (no_finished_runs, "no finished runs of study 'brown_table1' in experiment 'brown' (1 FAILED, 1 RUNNING)"),
+        (foreign_runs, "experiment 'brown' holds no nplm-repro runs (none of its 1 runs has a data_fingerprint tag)"),
+    ],
+    ids=["missing-store", "empty-store", "no-finished-runs", "foreign-experiment"],
+)
+def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_written(
+    fill: Callable[[str], None] | None, message: str, empty_store: Path, tmp_path: Path
+) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    if fill is not None:
+        fill(store_in(tmp_path, empty_store))
+    result = nplm_report(tmp_path, "--tracking-uri", uri, "--out", str(tmp_path / "reports"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nplm-report: error: ") and message in lines[0], result.stderr
+    assert not (tmp_path / "reports").exists() and result.stdout == ""
+    assert (tmp_path / "mlflow.db").exists() == (fill is not None)  # a missing store is not created
