@@ -61,6 +61,9 @@ COMMON: dict[str, Rule] = {
     "data.split.valid": _at_least(1),
     "data.split.test": _optional(_at_least(1)),
     "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "study": ((lambda v: v is None or (isinstance(v, str) and v.strip() != "")), "null or a name"),
+    "rerun": (lambda v: isinstance(v, bool), "true or false"),
+    "threads": _optional(_at_least(1)),
 }
 NEURAL: dict[str, Rule] = {
     "model.m": _at_least(1),
@@ -71,6 +74,7 @@ NEURAL: dict[str, Rule] = {
     "optim.lr": _number(0, low_open=True),
     "optim.weight_decay": _number(0),
     "optim.batch_size": _at_least(1),
+    "trainer.precision": _one_of("32-true", "bf16-mixed"),  # bf16-mixed: products in bfloat16, eval float32
 }
 RECIPES: dict[str, dict[str, Rule]] = {
     "paper": {"optim.decay_rate": _number(0)},
@@ -112,7 +116,10 @@ def _fail(error: BaseException) -> NoReturn:
 
 @contextlib.contextmanager
 def bad_input_exits() -> Iterator[None]:
-    """Inside a Hydra job: NplmError becomes one line and exit 2 (SystemExit bypasses Hydra's own report)."""
+    """Inside a Hydra job: NplmError becomes one line and exit 2 (SystemExit bypasses Hydra's own report).
+
+    Not in a sweep: there a job's NplmError is its failure, and `cli` prints it once the sweep ends.
+    """
     try:
         yield
     except NplmError as error:
@@ -120,7 +127,7 @@ def bad_input_exits() -> Iterator[None]:
 
 
 def cli(main: Callable[[], Any]) -> Callable[[], None]:
-    """Wrap a @hydra.main function: a bad key or value prints `prog: error: ...` and exits 2.
+    """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and exits 2.
 
     Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
     us, and keep Hydra's full traceback when the user set it.
@@ -132,7 +139,7 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
         os.environ["HYDRA_FULL_ERROR"] = "1"
         try:
             main()
-        except (HydraException, OmegaConfBaseException) as error:
+        except (HydraException, OmegaConfBaseException, NplmError) as error:
             if user_wants_traceback:
                 raise
             _fail(error)

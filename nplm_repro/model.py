@@ -39,10 +39,21 @@ class NPLM(nn.Module):
         x = F.embedding(context, self.C).flatten(1)
         y = self.b
         if self.W is not None:
-            y = y + x @ self.W.T
+            y = torch.addmm(y, x, self.W.T)  # y + x W^T, the sum done inside the product
         if self.H is not None:
-            y = y + torch.tanh(self.d + x @ self.H.T) @ self.U.T
+            y = torch.addmm(y, torch.tanh(torch.addmm(self.d, x, self.H.T)), self.U.T)
         return y
+
+    def output_terms(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The (input, weight) pairs of the output layer, y = b + sum of input @ weight.T: (x, W), (tanh(d + Hx), U).
+
+        For a loss that computes the output layer itself (bf16_loss), without forming y here.
+        """
+        x = F.embedding(context, self.C).flatten(1)
+        terms = [(x, self.W)] if self.W is not None else []
+        if self.H is not None:
+            terms.append((torch.tanh(self.d + x @ self.H.T), self.U))
+        return terms
 
     def decayed(self) -> list[nn.Parameter]:
         """The weights under weight decay: C, H, U, W, never the biases b and d (p.1142)."""

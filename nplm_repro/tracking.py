@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -65,6 +66,37 @@ def model_key(cfg: DictConfig, corpus: Corpus) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# Keys that record where or how a job ran, not what it computed: left out of `config_key`. The row name is
+# left out too: the MLP a mixed row trains for itself (no row) is the same run as its own row's.
+BOOKKEEPING = (
+    "tracking",
+    "rerun",
+    "threads",
+    "row",
+    "data.path",
+    "data.eval_batch_size",
+    "trainer.enable_progress_bar",
+    "callbacks.progress_bar",
+    "callbacks.model_checkpoint.dirpath",
+)
+
+
+def config_key(cfg: DictConfig, corpus: Corpus) -> str:
+    """What determines a run's results in its study: the resolved config less BOOKKEEPING, and the data fingerprint.
+
+    A job whose key already has a FINISHED run is skipped (unless `rerun=true`): a re-run sweep finishes
+    only what is missing. The study is part of the key, so every study's runs carry its tag.
+    """
+    kept = OmegaConf.to_container(cfg, resolve=False)
+    for dotted in BOOKKEEPING:
+        *path, last = dotted.split(".")
+        node = functools.reduce(lambda d, k: d.get(k) or {}, path, kept)
+        node.pop(last, None)
+    resolved = OmegaConf.to_container(OmegaConf.create(kept), resolve=True)
+    text = json.dumps({"config": resolved, "data": corpus.fingerprint}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
     """The newest FINISHED run of the experiment with these tag values, or None."""
     client = mlflow.MlflowClient(uri)
@@ -104,8 +136,11 @@ def open_run(cfg: DictConfig, corpus: Corpus, **extra_tags: str) -> RunLogger:
     """Create the MLflow run of this job, with its params and tags; fails with one line if the store is unreachable."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     tags = {**data_tags(corpus), "git_commit": git_commit(), "corpus": corpus.name, **extra_tags}
-    if cfg.get("row"):
-        tags["row"] = cfg.row
+    for key in ("row", "study"):
+        if cfg.get(key):
+            tags[key] = cfg[key]
+    if cfg.tracking.get("parent_run_id"):
+        tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # the sweep's parent run (nplm_repro.sweep)
     try:
         logger = RunLogger(
             experiment_name=experiment, tracking_uri=uri, run_name=cfg.tracking.run_name or run_name(cfg), tags=tags

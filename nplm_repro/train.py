@@ -3,10 +3,12 @@
 nplm-train +experiment=mlp5                # a Table 1 MLP row (eq. 1, trained by Lightning)
 nplm-train +experiment=kn4                 # a Table 1 n-gram row (counted, no training loop)
 nplm-train model.h=100 trainer.max_epochs=3
+nplm-train -cd sweeps -cn brown_table1     # a study: every row, in parallel, under one MLflow parent run
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -16,16 +18,20 @@ import hydra
 import lightning as L
 import mlflow
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.config import bad_input_exits, check_config, cli, is_neural
 from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
+from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
 from nplm_repro.module import NPLMModule
 from nplm_repro.ngram import DeletedInterpolation, NgramModel, perplexity_of
-from nplm_repro.tracking import RunLogger, find_finished, model_key, open_run
+from nplm_repro.sweep import launcher_threads, mlp_lock
+from nplm_repro.tracking import RunLogger, config_key, find_finished, model_key, open_run
 from nplm_repro.windows import WindowBatches, windows
 
 log = logging.getLogger(__name__)
@@ -42,7 +48,8 @@ def train_neural(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
     architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
     module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
-    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
+    callbacks = [instantiate(c) for name, c in cfg.callbacks.items() if bars or name != "progress_bar"]
     trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
     trainer.fit(
         module,
@@ -95,22 +102,59 @@ def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: RunLogger, base: s
 
 
 def base_run(cfg: DictConfig, corpus: Corpus) -> str:
-    """The finished run of the same MLP without mixture (same model_key); trained first if there is none."""
+    """The finished run of the same MLP without mixture (same model_key); trained first if there is none.
+
+    Under the MLP's lock: if its own row's job is training it right now, this waits for that run.
+    """
     key = model_key(cfg, corpus)
-    found = find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=key)
-    if found:
-        log.info("mixing the MLP of run %s (model_key %s)", found, key)
-        return found
-    log.info("no finished run of this MLP (model_key %s) yet: training it first, as a run of its own", key)
-    unmixed = cfg.copy()
-    unmixed.model.mix, unmixed.row = "none", None
-    return run(unmixed)[0]
+    with mlp_lock(key):
+        found = find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=key)
+        if found:
+            log.info("mixing the MLP of run %s (model_key %s)", found, key)
+            return found
+        log.info("no finished run of this MLP (model_key %s) yet: training it first, as a run of its own", key)
+        unmixed = cfg.copy()
+        unmixed.model.mix, unmixed.row = "none", None
+        return record(unmixed, corpus, config_key(unmixed, corpus))[0]
 
 
 def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
-    """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns its run id and metrics."""
+    """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns its run id and metrics.
+
+    A job whose config and data already have a FINISHED run (tag config_key) returns that run, unless
+    `rerun=true`.
+    """
     check_config(cfg)
+    threads = cfg.threads or launcher_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    log.info("%s: torch threads %d", cfg.get("row") or "run", torch.get_num_threads())
     corpus = load_corpus(cfg.data)
+    key = config_key(cfg, corpus)
+    trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
+    with mlp_lock(model_key(cfg, corpus)) if trains_mlp else contextlib.nullcontext():
+        found = None if cfg.rerun else find_finished(cfg.tracking.uri, cfg.tracking.experiment, config_key=key)
+        if found:
+            return reuse(cfg, found)
+        return record(cfg, corpus, key)
+
+
+def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
+    """Skip a job that has already run; a run trained for a mixed row (no row tag) takes this job's row."""
+    client = mlflow.MlflowClient(cfg.tracking.uri)
+    run_ = client.get_run(found)
+    log.info(
+        "skipped: run %s already has this config and data (config_key %s); rerun=true runs it again",
+        found,
+        run_.data.tags["config_key"],
+    )
+    if cfg.get("row") and "row" not in run_.data.tags:
+        client.set_tag(found, "row", cfg.row)
+    return found, dict(run_.data.metrics)
+
+
+def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, float]]:
+    """Fit or train the model and record it as one MLflow run (tagged with its config_key)."""
     L.seed_everything(cfg.seed, workers=True)
     if not is_neural(cfg):
         fit, tags = fit_ngram, {}
@@ -119,7 +163,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     else:
         base = base_run(cfg, corpus)
         fit, tags = functools.partial(mix_with_trigram, base=base), {"base_run_id": base}
-    logger = open_run(cfg, corpus, **tags)
+    logger = open_run(cfg, corpus, config_key=key, **tags)
     try:
         metrics = fit(cfg, corpus, logger)
         logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
@@ -134,7 +178,8 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
 
 @hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
-    with bad_input_exits():
+    keep_freed_memory()
+    with contextlib.nullcontext() if HydraConfig.get().mode == RunMode.MULTIRUN else bad_input_exits():
         run(cfg)
 
 

@@ -65,6 +65,7 @@ def test_tracking_uri_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
         ("optim.plateau_factor=1.5", "optim.plateau_factor"),
         ("model.mix=half", "model.mix"),
         ("data.split.test=0", "data.split.test"),
+        ("trainer.precision=16-mixed", "trainer.precision"),
     ],
 )
 def test_out_of_range_values_name_the_key(override: str, key: str) -> None:

@@ -1,0 +1,123 @@
+"""Sweeps (`nplm-train -cd sweeps -cn <study>`): one MLflow parent run per sweep, every job's run nested under it.
+
+`MlflowSweep` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). In the launching process, before any
+job starts, it creates the store (so parallel jobs never race to create SQLite's tables) and the parent run:
+tags `sweep=true`, `study`, `sweep_dir`, params the command-line overrides and the swept values. Each job,
+in whatever process or node the launcher gives it, learns the parent's id in `on_job_start` (the callback is
+pickled with the launcher) through `NPLM_PARENT_RUN_ID`, which `tracking.parent_run_id` reads; the job's run
+gets the tag `mlflow.parentRunId`. A re-run of the same sweep (same study, overrides and swept values) reuses
+its parent run, so the jobs it finishes land next to those that finished before.
+
+`mlp_lock`: a mixed row (MLP2 ...) and the row of its MLP (MLP1 ...) may run at the same time; whichever
+comes second waits for the first to finish training instead of training the same MLP again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from filelock import FileLock, Timeout
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+PARENT_ENV = "NPLM_PARENT_RUN_ID"
+PARENT_FILE = "mlflow_parent_run_id"  # in the sweep directory, for the record
+CACHE_ENV = "NPLM_CACHE"
+
+
+def sweep_key(study: str | None, overrides: list[str], params: dict[str, Any]) -> str:
+    """What makes two sweep commands the same sweep: the study, the overrides (less `rerun`) and swept values."""
+    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith("rerun="))
+    text = json.dumps({"study": study, "overrides": kept, "params": params}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class MlflowSweep(Callback):
+    """Open one MLflow parent run per multirun and nest every job's run under it (tag mlflow.parentRunId)."""
+
+    def __init__(self) -> None:
+        self.parent_run_id: str | None = None
+        self.uri: str | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.uri, experiment = config.tracking.uri, config.tracking.experiment
+        study = config.get("study")
+        overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=True))
+        params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True)
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        key = sweep_key(study, overrides, params)
+        client = mlflow.MlflowClient(self.uri)  # creates the SQLite store and its tables, once, here
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        previous = client.search_runs(
+            [experiment_id],
+            f"tags.sweep = 'true' and tags.sweep_key = '{key}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if previous:
+            self.parent_run_id = previous[0].info.run_id
+            client.update_run(self.parent_run_id, status="RUNNING")
+            log.info(
+                "sweep %s: resuming parent run %s (same study, overrides and swept values)", key, self.parent_run_id
+            )
+        else:
+            tags = {"sweep": "true", "sweep_key": key, "study": study or "", "launcher": config.hydra.launcher._target_}
+            run = client.create_run(experiment_id, run_name=f"{study or 'sweep'} {sweep_dir.name}", tags=tags)
+            self.parent_run_id = run.info.run_id
+            client.log_param(self.parent_run_id, "sweep.overrides", " ".join(overrides))
+            for name, values in params.items():
+                client.log_param(self.parent_run_id, f"sweep.params.{name.lstrip('+~')}", str(values))
+            log.info("sweep %s: parent run %s in experiment %r at %s", key, self.parent_run_id, experiment, self.uri)
+        client.set_tag(self.parent_run_id, "sweep_dir", str(sweep_dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
+        os.environ[PARENT_ENV] = self.parent_run_id
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.parent_run_id:  # set only in MULTIRUN
+            os.environ[PARENT_ENV] = self.parent_run_id
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self.parent_run_id and job_return.status == JobStatus.FAILED:
+            mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, "FAILED")  # multirun_end never comes
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.parent_run_id:
+            mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, "FINISHED")
+
+
+def launcher_threads() -> int | None:
+    """The launcher's `cpus_per_task` (submitit: SLURM or local), for `threads: null`; None for other launchers."""
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().launcher.get("cpus_per_task")
+
+
+@contextlib.contextmanager
+def mlp_lock(key: str) -> Iterator[None]:
+    """Hold the lock of the MLP with this model_key (a file under $NPLM_CACHE or ~/.cache/nplm_repro/locks)."""
+    root = Path(os.environ.get(CACHE_ENV) or "~/.cache/nplm_repro").expanduser() / "locks"
+    root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(root / f"mlp-{key}.lock")
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        log.info("another job is training the MLP with model_key %s: waiting for it", key)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()

@@ -1,0 +1,126 @@
+"""The fast path (bf16 training, allocator setting, benchmark) changes speed, not results."""
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from torch.nn import functional as F
+
+from nplm_repro.bf16_loss import bf16_cross_entropy
+from nplm_repro.memory import keep_freed_memory
+from nplm_repro.model import NPLM
+
+SHAPES = [(100, False), (50, True), (0, True)]
+
+
+@pytest.mark.parametrize("h,direct", SHAPES)
+def test_output_terms_sum_to_eq1(h: int, direct: bool) -> None:
+    torch.manual_seed(0)
+    model = NPLM(vocab_size=50, n=4, m=3, h=h, direct=direct).double()
+    context = torch.randint(0, 50, (6, 3))
+    y = model.b + sum(inputs @ weight.T for inputs, weight in model.output_terms(context))
+    torch.testing.assert_close(y, model(context), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("h,direct", SHAPES)
+def test_bf16_loss_and_gradients_match_float32_cross_entropy(h: int, direct: bool) -> None:
+    torch.manual_seed(0)
+    model = NPLM(vocab_size=3000, n=5, m=30, h=h, direct=direct)
+    context, target = torch.randint(0, 3000, (256, 4)), torch.randint(0, 3000, (256,))
+    exact = F.cross_entropy(model(context), target)
+    exact.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    fast = bf16_cross_entropy(model.output_terms(context), model.b, target)
+    fast.backward()
+    assert fast.item() == pytest.approx(exact.item(), rel=1e-3)
+    for name, p in model.named_parameters():  # bf16 rounding: about 0.2% of the gradient's norm
+        assert (p.grad - grads[name]).norm() < 0.01 * grads[name].norm(), name
+
+
+def test_bf16_training_reaches_the_float32_perplexity(brown_path: Path, tmp_path: Path) -> None:
+    """Same seed, same batches, one epoch of 40k Brown tokens: validation perplexity within 2%.
+
+    The 1% target is for full Brown (README, Performance); on a slice this small the two roundings alone
+    move the result by about 1% either way (measured: bf16 148.8 against float32 150.4)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    for precision in ("32-true", "bf16-mixed"):
+        command = [
+            str(Path(sys.executable).parent / "nplm-train"),
+            f"data.path={brown_path}",
+            "data.split.train=40000",
+            "data.split.valid=10000",
+            "data.split.test=1000",
+            "+experiment=mlp9",
+            "trainer.max_epochs=1",
+            f"trainer.precision={precision}",
+            f"tracking.uri={uri}",
+            f"hydra.run.dir={tmp_path}/{precision}",
+        ]
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("brown")
+    ppl = {
+        r.data.params["trainer.precision"]: r.data.metrics["valid_ppl"]
+        for r in client.search_runs([experiment.experiment_id])
+    }
+    assert ppl["bf16-mixed"] == pytest.approx(ppl["32-true"], rel=0.02)
+    assert ppl["32-true"] < 2000  # it learned something: |V| is 17,907
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_keep_freed_memory_is_accepted_by_glibc() -> None:
+    assert keep_freed_memory() is True
+
+
+def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path: Path) -> None:
+    command = [
+        str(Path(sys.executable).parent / "nplm-bench"),
+        f"data.path={brown_path}",
+        "data.split.train=20000",
+        "data.split.valid=4000",
+        "data.split.test=4000",
+        "+experiment=mlp9",
+        "bench.warmup=2",
+        "bench.steps=5",
+        "bench.matmul_repeats=2",
+        "bench.ngram_rows=[del_int,kn3]",
+        f"hydra.run.dir={tmp_path}/out",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["what"] for line in lines] == [
+        "matmul float32",
+        "matmul bfloat16",
+        "train baseline float32",
+        "train 32-true",
+        "train bf16-mixed",
+        "eval valid float32",
+        "eval test float32",
+        "mixture learned",
+        "mixture context",
+        "ngram del_int",
+        "ngram kn3",
+    ]
+    for line in lines:
+        assert line.get("tokens_per_s", 1) > 0 and line.get("seconds", 1) > 0
+        if line["what"].startswith(("train", "eval")):
+            assert 0 < line["achieved_gflops"] and 0 < line["matmul_gflops"]
+    assert lines[2]["tokens"] == 5 * 256
+
+
+@pytest.mark.parametrize("override", ["bench.steps=0", "bench.what=[speed]", "bench.precisions=[16-mixed]"])
+def test_bench_bad_value_is_one_line_and_exit_2(override: str, tmp_path: Path) -> None:
+    command = [str(Path(sys.executable).parent / "nplm-bench"), override, f"hydra.run.dir={tmp_path}/out"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nplm-bench: error: bench.")
+    assert result.stdout == ""

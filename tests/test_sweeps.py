@@ -1,0 +1,283 @@
+"""Sweeps (`nplm-train -cd sweeps -cn <study>`) for real: Hydra multirun, joblib and submitit launchers, one MLflow
+parent run per sweep with every job nested under it, and re-runs that finish only what is missing."""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from mlflow.tracking import MlflowClient
+
+from nplm_repro.config import check_config
+from nplm_repro.errors import NplmError
+from nplm_repro.sweep import mlp_lock
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS, CONF = ROOT / "sweeps", ROOT / "conf"
+SLICE = ["data.split.train=20000", "data.split.valid=5000", "data.split.test=5000"]
+TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5"]
+STAMP = "%Y-%m-%d %H:%M:%S,%f"
+ROWS = "+experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the trigram
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; put it back as it was after each test."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # records the value before the test, restored after it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+
+
+def nplm_sweep(workdir: Path, study: str, *overrides: str, env: dict[str, str] | None = None) -> str:
+    """The documented command, run as a user runs it; returns its output (stdout and stderr)."""
+    command = [str(Path(sys.executable).parent / "nplm-train"), "-cd", str(SWEEPS), "-cn", study, *overrides]
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout + result.stderr
+
+
+def runs_of(uri: str) -> pd.DataFrame:
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=["brown"])
+
+
+def split(runs: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+    """The one parent run (tag sweep=true) and the jobs' runs."""
+    is_parent = runs["tags.sweep"] == "true"
+    assert is_parent.sum() == 1
+    return runs[is_parent].iloc[0], runs[~is_parent]
+
+
+def job_logs(workdir: Path, first_sweep_only: bool = False) -> list[str]:
+    """The jobs' log files (Hydra's job logging), of every sweep run in `workdir` or of the first one."""
+    sweeps = sorted(workdir.glob("multirun/*/*"))[: 1 if first_sweep_only else None]
+    return [p.read_text() for d in sweeps for p in sorted(d.glob("*/train.log"))]
+
+
+def test_sweep_nests_its_jobs_and_a_second_run_skips_them(brown_path: Path, tmp_path: Path) -> None:
+    """Two n-gram rows one after the other (Hydra's basic launcher), the same command twice."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = ["hydra/launcher=basic", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE]
+    nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
+    parent, jobs = split(runs_of(uri))
+    assert parent["status"] == "FINISHED" and parent["tags.study"] == "brown_table1"
+    assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
+    assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["tags.study"] == "brown_table1").all()
+    output = nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
+    assert output.count("skipped: run") == 2 and len(runs_of(uri)) == 3
+
+
+@pytest.fixture(scope="module")
+def table(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[str]]:
+    """brown_table1 narrowed to four rows (a tiny MLP3, MLP4, Kneser-Ney n=3, Del. Int.), two jobs at a time."""
+    workdir = tmp_path_factory.mktemp("sweep")
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    overrides = [ROWS, f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
+    nplm_sweep(workdir, "brown_table1", *overrides)
+    return workdir, uri, overrides
+
+
+@pytest.mark.slow
+def test_one_parent_run_per_sweep_with_every_job_nested(table: tuple[Path, str, list[str]]) -> None:
+    workdir, uri, _ = table
+    parent, jobs = split(runs_of(uri))
+    assert parent["status"] == "FINISHED" and parent["tags.study"] == "brown_table1"
+    assert ROWS in parent["params.sweep.overrides"]
+    assert parent["params.sweep.params.experiment"].startswith("mlp1,mlp3,")  # the file's rows, narrowed here
+    assert not parent.filter(like="metrics.").notna().any()  # no perplexities on the parent
+    sweep_dir = Path(parent["tags.sweep_dir"])
+    assert sweep_dir.parent.parent == workdir / "multirun"
+    assert (sweep_dir / "mlflow_parent_run_id").read_text().strip() == parent["run_id"]
+    assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off", "MLP3", "MLP4"]
+    assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all()
+    assert (jobs["tags.study"] == "brown_table1").all() and (jobs["status"] == "FINISHED").all()
+    assert jobs["tags.config_key"].str.fullmatch("[0-9a-f]{16}").all() and jobs["tags.config_key"].is_unique
+
+
+@pytest.mark.slow
+def test_mixed_row_mixes_the_mlp_of_its_own_row(table: tuple[Path, str, list[str]]) -> None:
+    _, uri, _ = table
+    _, jobs = split(runs_of(uri))
+    mlps = jobs[jobs["params.model.n"].notna() & jobs["params.model.mix"].notna()].set_index("params.model.mix")
+    assert sorted(mlps.index) == ["fixed", "none"]  # the MLP was trained once, by its own row's job
+    assert mlps.loc["fixed", "tags.base_run_id"] == mlps.loc["none", "run_id"]
+
+
+@pytest.mark.slow
+def test_joblib_runs_two_jobs_at_a_time_with_one_thread_each(table: tuple[Path, str, list[str]]) -> None:
+    workdir, uri, _ = table
+    parent, _ = split(runs_of(uri))
+    assert parent["tags.launcher"].endswith("JoblibLauncher")
+    logs = job_logs(workdir, first_sweep_only=True)
+    assert len(logs) == 4 and all("torch threads 1" in log for log in logs)
+    stamps = [re.findall(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\]", log, re.MULTILINE) for log in logs]
+    spans = [(datetime.strptime(s[0], STAMP), datetime.strptime(s[-1], STAMP)) for s in stamps]
+    most = max(sum(start <= t <= end for start, end in spans) for t, _ in spans)
+    assert most == 2  # some job started while another ran; never three at once
+
+
+@pytest.mark.slow
+def test_rerun_finishes_only_what_is_missing(table: tuple[Path, str, list[str]]) -> None:
+    """Kill one job's run (as a sweep killed half-way leaves it): the same command re-runs that job only."""
+    workdir, uri, overrides = table
+    parent, before = split(runs_of(uri))
+    killed = before[before["tags.row"] == "Kneser-Ney back-off"].iloc[0]
+    MlflowClient(uri).set_terminated(killed["run_id"], "KILLED")
+    output = nplm_sweep(workdir, "brown_table1", *overrides)
+    assert output.count("skipped: run") == 3
+    again, after = split(runs_of(uri))
+    assert again["run_id"] == parent["run_id"] and again["status"] == "FINISHED"  # the same parent, resumed
+    new = after[~after["run_id"].isin(before["run_id"])]
+    assert list(new["tags.row"]) == ["Kneser-Ney back-off"] and new.iloc[0]["status"] == "FINISHED"
+    assert new.iloc[0]["tags.config_key"] == killed["tags.config_key"]
+    assert new.iloc[0]["tags.mlflow.parentRunId"] == parent["run_id"]
+
+    nplm_sweep(workdir, "brown_table1", *overrides)  # everything is there now: no new run
+    assert len(split(runs_of(uri))[1]) == len(after)
+
+
+@pytest.mark.slow
+def test_rerun_true_runs_every_job_again(table: tuple[Path, str, list[str]]) -> None:
+    workdir, uri, overrides = table
+    before = runs_of(uri)
+    output = nplm_sweep(workdir, "brown_table1", *overrides, "rerun=true")
+    assert "skipped: run" not in output
+    after = runs_of(uri)
+    new = after[~after["run_id"].isin(before["run_id"])]
+    assert sorted(new["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off", "MLP3", "MLP4"]
+    mixed, mlp = (new[new["tags.row"] == row].iloc[0] for row in ("MLP4", "MLP3"))
+    assert mixed["tags.base_run_id"] == mlp["run_id"]  # the mixture waited for the new MLP, trained once
+
+
+@pytest.mark.slow
+def test_mlp_trained_for_a_mixed_row_is_its_own_rows_run(brown_path: Path, tmp_path: Path) -> None:
+    """MLP4 alone trains MLP3's model first (a run without row); MLP3's job then finds it instead of training."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["hydra/launcher=basic", f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
+    nplm_sweep(tmp_path, "brown_table1", "+experiment=mlp4", *common)
+    output = nplm_sweep(tmp_path, "brown_table1", "+experiment=mlp3", *common)
+    assert output.count("skipped: run") == 1
+    runs = runs_of(uri)
+    jobs = runs[runs["tags.sweep"] != "true"]  # two sweeps (different rows): two parents
+    assert sorted(jobs["tags.row"]) == ["MLP3", "MLP4"]  # one training, now tagged with its row
+
+
+@pytest.mark.slow
+def test_submitit_local_executor_nests_and_resumes(brown_path: Path, tmp_path: Path) -> None:
+    """The SLURM launcher's code path (hydra-submitit-launcher) with submitit's local executor."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = ["hydra/launcher=slurm_local", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE]
+    nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
+    parent, jobs = split(runs_of(uri))
+    assert parent["tags.launcher"].endswith("submitit_launcher.LocalLauncher") and parent["status"] == "FINISHED"
+    assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
+    assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["status"] == "FINISHED").all()
+    assert list(Path(parent["tags.sweep_dir"]).glob(".submitit/*"))  # the jobs went through submitit
+    assert all("torch threads 1" in log for log in job_logs(tmp_path))  # cpus_per_task: 1
+    nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
+    assert len(runs_of(uri)) == 3  # the second sweep found both jobs done
+    assert sum(log.count("skipped: run") for log in job_logs(tmp_path)) == 2
+
+
+@pytest.mark.slow
+def test_default_sqlite_store_loses_nothing_with_parallel_jobs(brown_path: Path, tmp_path: Path) -> None:
+    """8 short trainings, 2 at a time (joblib), into the default embedded store ./mlflow.db: every run, param and
+    metric lands, and no job meets "database is locked"."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    overrides = ["+experiment=mlp3", "model.m=8", "seed=range(1,9)", f"data.path={brown_path}", *SLICE, *TINY_MLP]
+    output = nplm_sweep(tmp_path, "brown_table1", *overrides, env=env)
+    assert (tmp_path / "mlflow.db").exists() and "database is locked" not in output + "".join(job_logs(tmp_path))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    _, jobs = split(runs_of(uri))
+    assert sorted(jobs["params.seed"].astype(int)) == list(range(1, 9)) and (jobs["status"] == "FINISHED").all()
+    params = jobs.filter(like="params.").drop(columns=jobs.filter(like="params.sweep.").columns)  # the parent's
+    assert len(params.columns) > 40 and params.notna().all(axis=None)  # every job logged every param
+    client = MlflowClient(uri)
+    for run_id in jobs["run_id"]:
+        metrics = client.get_run(run_id).data.metrics
+        assert {"train_ppl", "valid_ppl", "test_ppl", "valid_ppl_epoch", "train_tokens_per_s"} <= set(metrics)
+        assert len(client.get_metric_history(run_id, "valid_ppl_epoch")) == 1
+
+
+def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(brown_path: Path, tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [str(Path(sys.executable).parent / "nplm-train"), "-cd", str(SWEEPS), "-cn", "brown_table1"]
+    command += [
+        "hydra/launcher=basic",
+        "+experiment=kn3",
+        "model.n=1",
+        f"data.path={brown_path}",
+        f"tracking.uri={uri}",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == "nplm-train: error: model.n=1 is invalid: expected an integer >= 2"
+    parent, jobs = split(runs_of(uri))
+    assert parent["status"] == "FAILED" and jobs.empty
+
+
+@pytest.mark.parametrize("override,key", [("threads=0", "threads"), ("rerun=2", "rerun"), ("study=''", "study")])
+def test_bad_sweep_keys_are_refused(override: str, key: str) -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[override])
+    with pytest.raises(NplmError, match=rf"^{key}="):
+        check_config(cfg)
+
+
+def test_mlp_lock_waits_for_the_job_that_holds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path))
+    entered = threading.Event()
+
+    def mixed_job() -> None:
+        with mlp_lock("k"):
+            entered.set()
+
+    with mlp_lock("k"):  # the MLP's own job, training
+        waiting = threading.Thread(target=mixed_job)
+        waiting.start()
+        assert not entered.wait(0.5)
+    assert entered.wait(10)
+    waiting.join()
+
+
+def jobs_of(study: str) -> list[list[str]]:
+    """The jobs a sweep file launches, in launch order: the swept values as Hydra's basic sweeper expands them."""
+    with initialize_config_dir(config_dir=str(SWEEPS), version_base="1.3"):
+        cfg = compose(study, overrides=[f"hydra.searchpath=[file://{CONF}]"], return_hydra_config=True)
+    assert cfg.study == study and cfg.hydra.mode.name == "MULTIRUN"
+    assert cfg.hydra.launcher.n_jobs == 2 and "mlflow_sweep" in cfg.hydra.callbacks
+    params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
+    return BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)[0]
+
+
+def test_brown_table1_runs_every_row_of_table1_mlps_first() -> None:
+    jobs = [job[0].removeprefix("+experiment=") for job in jobs_of("brown_table1")]
+    assert sorted(jobs) == sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if not p.stem.startswith("ap_"))
+    last_unmixed = max(jobs.index(f"mlp{i}") for i in (1, 3, 5, 7, 9))
+    assert all(jobs.index(f"mlp{i}") > last_unmixed for i in (2, 4, 6, 8, 10))
+
+
+def test_ap_table2_runs_the_rows_of_table2() -> None:
+    jobs = [job[0] for job in jobs_of("ap_table2")]
+    assert jobs == [f"+experiment={e}" for e in ("ap_mlp10", "del_int", "kn3", "kn4", "kn5")]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=ap_mlp10"])
+    model = cfg.model
+    assert (cfg.row, model.n, model.h, model.m, model.direct, model.mix) == ("MLP10", 6, 60, 100, True, "fixed")
+    assert cfg.optim.weight_decay == 1e-5
+
+
+def test_grid_sweeps_the_five_knobs_with_seeds_mixtures_last() -> None:
+    jobs = [dict(o.split("=", 1) for o in job) for job in jobs_of("grid")]
+    assert {"model.n", "model.m", "model.h", "model.direct", "model.mix", "seed"} == set(jobs[0])
+    assert len(jobs) == 64 and len({tuple(j.items()) for j in jobs}) == 64
+    mixes = [j["model.mix"] for j in jobs]
+    assert mixes == sorted(mixes, key=["none", "fixed"].index)
