@@ -18,6 +18,12 @@ from nplm_repro.model import NPLM
 SHAPES = [(100, False), (50, True), (0, True)]
 
 
+def script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """An installed console script, as a user runs it."""
+    command = [str(Path(sys.executable).parent / name), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
 @pytest.mark.parametrize("h,direct", SHAPES)
 def test_output_terms_sum_to_eq1(h: int, direct: bool) -> None:
     torch.manual_seed(0)
@@ -50,8 +56,8 @@ def test_bf16_training_reaches_the_float32_perplexity(brown_path: Path, tmp_path
     move the result by about 1% either way (measured: bf16 148.8 against float32 150.4)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     for precision in ("32-true", "bf16-mixed"):
-        command = [
-            str(Path(sys.executable).parent / "nplm-train"),
+        result = script(
+            "nplm-train",
             f"data.path={brown_path}",
             "data.split.train=40000",
             "data.split.valid=10000",
@@ -61,8 +67,8 @@ def test_bf16_training_reaches_the_float32_perplexity(brown_path: Path, tmp_path
             f"trainer.precision={precision}",
             f"tracking.uri={uri}",
             f"hydra.run.dir={tmp_path}/{precision}",
-        ]
-        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("brown")
@@ -80,8 +86,8 @@ def test_keep_freed_memory_is_accepted_by_glibc() -> None:
 
 
 def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path: Path) -> None:
-    command = [
-        str(Path(sys.executable).parent / "nplm-bench"),
+    result = script(
+        "nplm-bench",
         f"data.path={brown_path}",
         "data.split.train=20000",
         "data.split.valid=4000",
@@ -92,8 +98,8 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         "bench.matmul_repeats=2",
         "bench.ngram_rows=[del_int,kn3]",
         f"hydra.run.dir={tmp_path}/out",
-    ]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["what"] for line in lines] == [
@@ -118,8 +124,7 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
 
 @pytest.mark.parametrize("override", ["bench.steps=0", "bench.what=[speed]", "bench.precisions=[16-mixed]"])
 def test_bench_bad_value_is_one_line_and_exit_2(override: str, tmp_path: Path) -> None:
-    command = [str(Path(sys.executable).parent / "nplm-bench"), override, f"hydra.run.dir={tmp_path}/out"]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    result = script("nplm-bench", override, f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nplm-bench: error: bench.")
