@@ -246,7 +246,7 @@ def bench(cfg: DictConfig) -> None:
     L.seed_everything(cfg.seed, verbose=False)
     shape = {k: cfg.model[k] for k in ("n", "m", "h", "direct")} | {"vocab_size": corpus.vocab_size}
     train_flops, eval_flops = (flops_per_token(cfg, corpus.vocab_size, train) / 1e9 for train in (True, False))
-    rates = matmul_rates(cfg, corpus.vocab_size)
+    rates = matmul_rates(cfg, corpus.vocab_size) if what - {"ngram"} else {}  # the MLP lines compare with it
     if "matmul" in what:
         for dtype, rate in rates.items():
             emit(f"matmul {dtype}", matmul_gflops=rate, batch=cfg.optim.batch_size, **shape)
@@ -261,7 +261,7 @@ def bench(cfg: DictConfig) -> None:
         )
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
     module = None
-    for precision in cfg.bench.precisions if "train" in what or "eval" in what or "mixture" in what else []:
+    for precision in cfg.bench.precisions if what & {"train", "eval", "mixture"} else []:
         result, module = train_steps(cfg, corpus, precision)
         if "train" in what:
             dtype = "bfloat16" if precision.startswith("bf16") else "float32"

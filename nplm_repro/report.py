@@ -36,6 +36,7 @@ from nplm_repro.claims import Claim, check_claims
 from nplm_repro.config import NEURAL_MODEL, cli
 from nplm_repro.corpus import SPLITS
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking import BOOKKEEPING
 
 COLUMNS = ("n", "c", "h", "m", "direct", "mix")
 PAPER_TABLES = {"brown_table1": "brown", "ap_table2": "ap"}  # study -> corpus
@@ -61,12 +62,6 @@ FAMILY_NAMES = {
 # The data itself is pinned by the fingerprint; tracking.* and the row name are labels, not configuration.
 CONFIG_GROUPS = {"mlp": ("data.", "model.", "optim.", "trainer.", "callbacks.")}
 NGRAM_GROUPS = ("data.", "model.")
-BOOKKEEPING = (
-    "data.path",
-    "callbacks.model_checkpoint.dirpath",
-    "callbacks.progress_bar.",
-    "trainer.enable_progress_bar",
-)
 MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
 
 
@@ -145,7 +140,7 @@ def _config(run: pd.Series, family: str) -> dict[str, str]:
         if name.startswith("params.")
         and _present(value)
         and (key := name.removeprefix("params.")).startswith(groups)
-        and not key.startswith(BOOKKEEPING)
+        and not key.startswith(BOOKKEEPING)  # tracking's: where and how a job ran
     }
     if family == "mlp":
         config.setdefault("model.mix", "none")  # runs from before the mixture knob were unmixed
