@@ -11,13 +11,14 @@ import functools
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nplm_repro.corpus import CORPORA
 from nplm_repro.errors import NplmError
 from nplm_repro.mixture import MIX_MODES
 
@@ -52,19 +53,50 @@ def _optional(rule: Rule) -> Rule:
     return (lambda v: v is None or rule[0](v)), f"null or {rule[1]}"
 
 
+def _flag() -> Rule:
+    return (lambda v: isinstance(v, bool)), "true or false"
+
+
+def _text(what: str) -> Rule:
+    return (lambda v: isinstance(v, str) and v.strip() != ""), what
+
+
+def _lines() -> Rule:
+    return (lambda v: isinstance(v, Sequence) and not isinstance(v, str) and all(isinstance(x, str) for x in v)), (
+        "a list of strings"
+    )
+
+
 COMMON: dict[str, Rule] = {
+    "data.corpus": _one_of(*CORPORA),
     "model.n": _at_least(2),
     "data.vocab_from": _one_of("stream", "train"),
     "data.max_unk_freq": _at_least(0),
     "data.eval_batch_size": _at_least(1),
-    "data.split.train": _at_least(1),
-    "data.split.valid": _at_least(1),
     "data.split.test": _optional(_at_least(1)),
     "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "study": ((lambda v: v is None or (isinstance(v, str) and v.strip() != "")), "null or a name"),
     "rerun": (lambda v: isinstance(v, bool), "true or false"),
     "threads": _optional(_at_least(1)),
 }
+BROWN: dict[str, Rule] = {"data.split.train": _at_least(1), "data.split.valid": _at_least(1)}
+TEXT: dict[str, Rule] = {  # conf/data/text.yaml, ap.yaml
+    "data.path": _text("a UTF-8 text file, a directory of them or a zip"),
+    "data.members": _optional(_text("a file-name prefix")),
+    "data.encoding": _text("an encoding name (utf-8, latin-1, ...)"),
+    "data.tags": ((lambda v: v == "auto" or isinstance(v, bool)), "auto, true or false"),
+    "data.paragraphs": _flag(),
+    "data.drop_lines": _lines(),
+    "data.numbers": _flag(),
+    "data.proper_nouns": _flag(),
+    "data.lowercase": _flag(),
+    "data.vocab_size": _optional(_at_least(2)),
+    "data.split.train": _optional(_at_least(1)),
+    "data.split.valid": _optional(_at_least(1)),
+    "data.split.valid_path": _optional(_text("a file, directory or zip")),
+    "data.split.test_path": _optional(_text("a file, directory or zip")),
+}
+CORPUS_RULES = {"brown": BROWN, "text": TEXT, "ap": TEXT}
 NEURAL: dict[str, Rule] = {
     "model.m": _at_least(1),
     "model.h": _at_least(0),
@@ -90,7 +122,7 @@ def is_neural(cfg: DictConfig) -> bool:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise NplmError naming the first key whose value is out of range."""
-    rules = dict(COMMON)
+    rules = dict(COMMON) | CORPUS_RULES.get(cfg.data.corpus, {})
     if is_neural(cfg):
         rules |= NEURAL | RECIPES.get(cfg.optim.recipe, {})
     for key, (ok, expected) in rules.items():

@@ -10,6 +10,7 @@ on the whole stream, which is what reproduces the paper's deleted-interpolation 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -127,6 +128,8 @@ class Corpus:
     ids: torch.Tensor
     bounds: dict[str, tuple[int, int]]
     counts: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # preprocessing switches (text corpora)
+    source: str = ""  # what was read: file name (and member prefix)
 
     @property
     def vocab_size(self) -> int:
@@ -142,7 +145,14 @@ class Corpus:
         digest = hashlib.sha256("\n".join(self.vocab).encode())
         digest.update(self.ids.to(torch.int32).numpy().tobytes())
         digest.update(repr(sorted(self.bounds.items())).encode())
+        if self.settings:  # two switches may give the same stream on one corpus, not on the next
+            digest.update(json.dumps(self.settings, sort_keys=True).encode())
         return digest.hexdigest()[:16]
+
+    def count_tags(self) -> dict[str, str]:
+        """What was counted (`counts`) as MLflow tags `count.<what>`, and where the data was read from."""
+        tags = {f"count.{k}": str(v) for k, v in sorted(self.counts.items())}
+        return tags | ({"data_source": self.source} if self.source else {})
 
     def summary(self) -> str:
         """One line that says exactly what was counted, KenLM-style."""
@@ -198,15 +208,22 @@ def prepare_brown(
         unk_types=len(set(tokens) - index.keys()),
         unk_tokens=int((ids == unk).sum()),
     )
-    corpus = Corpus("brown", vocab, ids, bounds, dict(counted))
+    corpus = Corpus("brown", vocab, ids, bounds, dict(counted), source=source.name)
     log.info("read %s", source)
     log.info("%s", corpus.summary())
     return corpus
 
 
+CORPORA = ("brown", "text", "ap")  # data.corpus: Brown's reader, or a plain-text corpus (nplm_repro.text_corpus)
+
+
 def load_corpus(data: Any) -> Corpus:
     """The corpus a `data` config names (conf/data/*.yaml)."""
+    if data.corpus not in CORPORA:
+        raise NplmError(f"data.corpus={data.corpus!r} is not known (known: {', '.join(CORPORA)})")
     if data.corpus != "brown":
-        raise NplmError(f"data.corpus={data.corpus!r} is not known (known: brown)")
+        from nplm_repro.text_corpus import load_text  # it builds on this module
+
+        return load_text(data)
     split = data.split
     return prepare_brown(data.path, split.train, split.valid, split.test, data.max_unk_freq, data.vocab_from)

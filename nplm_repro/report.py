@@ -41,6 +41,7 @@ from nplm_repro.tracking import BOOKKEEPING
 COLUMNS = ("n", "c", "h", "m", "direct", "mix")
 PAPER_TABLES = {"brown_table1": "brown", "ap_table2": "ap"}  # study -> corpus
 PAPER_TITLES = {"brown_table1": "Table 1 (Brown corpus)", "ap_table2": "Table 2 (AP News)"}
+PAPER_CORPORA = {"brown": "Brown", "ap": "AP News 1995-96"}  # what the paper's numbers were measured on
 PAPER_DATA = {  # PAPER.md section 2: |V| and split sizes
     "brown": {"vocab_size": 16_383, "train": 800_000, "valid": 200_000, "test": 181_041},
     "ap": {"vocab_size": 17_964, "train": 13_994_528, "valid": 963_138, "test": 963_071},
@@ -178,6 +179,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "start_time": run["start_time"],
                 "fingerprint": get("tags.data_fingerprint"),
                 "corpus": _text(get("tags.corpus")),
+                "source": _text(get("tags.data_source")),
                 "vocab_size": _text(get("tags.vocab_size")),
                 **{f"{split}_tokens": _text(get(f"tags.{split}_tokens")) for split in SPLITS},
                 "git_commit": _text(get("tags.git_commit")),
@@ -211,7 +213,7 @@ def assign_studies(runs: pd.DataFrame) -> pd.DataFrame:
         match = pd.Series(
             [rows.get((r["row_tag"], *_columns_key(r["family"], r)), -1) for _, r in runs.iterrows()], index=runs.index
         )
-        ours = (runs["corpus"] == corpus) & (match >= 0)
+        ours = (match >= 0) & ((runs["corpus"] == corpus) | (runs["study_tag"] == study))  # e.g. ap_table2 on WSJ
         runs.loc[ours, "paper_row"] = match[ours]
         runs.loc[ours & (runs["study"] == ""), "study"] = study
     runs.loc[runs["study"] == "", "study"] = "adhoc"
@@ -355,6 +357,7 @@ class Report:
     study: str
     experiment: str
     corpus: str
+    source: str
     fingerprint: str
     data: dict[str, str]
     commits: list[str]
@@ -394,7 +397,8 @@ def _excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]
     paper = paper_table(study)
     names = set(paper["row"])
     by_columns = {_columns_key(r["family"], r): label(r) for _, r in paper.iterrows()}
-    same_data = all_runs[(all_runs["fingerprint"] == fingerprint) & (all_runs["corpus"] == PAPER_TABLES[study])]
+    ours = (all_runs["corpus"] == PAPER_TABLES[study]) | (all_runs["study_tag"] == study)
+    same_data = all_runs[(all_runs["fingerprint"] == fingerprint) & ours]
     bases = set(same_data["base_run_id"])
     lines = []
     for _, run in same_data.sort_values(["start_time", "run_id"]).iterrows():
@@ -467,6 +471,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
         study=study,
         experiment=experiment,
         corpus=corpus,
+        source=newest["source"],
         fingerprint=fingerprint,
         data={k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))},
         commits=sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""}),
@@ -596,19 +601,25 @@ def _sections(report: Report) -> list[tuple[str, list[str]]]:
 
 def _title(report: Report) -> str:
     what = PAPER_TITLES.get(report.study, f"study {report.study}")
-    return f"{report.study}: Bengio et al. (2003), {what}, our runs"
+    source = f", read from {report.source}" if report.source else ""
+    return f"{report.study}: Bengio et al. (2003), {what}, our runs on corpus {report.corpus}{source}"
 
 
 def _data_line(report: Report) -> str:
     count = {k: f"{int(v):,}" if v else "?" for k, v in report.data.items()}
     tokens = " / ".join(count[f"{s}_tokens"] for s in SPLITS)
+    source = f" read from `{report.source}`" if report.source else ""
     line = (
-        f"Data: corpus `{report.corpus}` (MLflow experiment `{report.experiment}`), fingerprint `{report.fingerprint}`, "
-        f"|V| = {count['vocab_size']}, train / valid / test tokens {tokens}"
+        f"Data: corpus `{report.corpus}`{source} (MLflow experiment `{report.experiment}`), "
+        f"fingerprint `{report.fingerprint}`, |V| = {count['vocab_size']}, train / valid / test tokens {tokens}"
     )
-    if report.corpus in PAPER_DATA:
-        p = PAPER_DATA[report.corpus]
-        line += f" (paper: |V| = {p['vocab_size']:,}, {' / '.join(f'{p[s]:,}' for s in SPLITS)})"
+    paper_corpus = PAPER_TABLES.get(report.study, report.corpus)
+    if paper_corpus in PAPER_DATA:
+        p = PAPER_DATA[paper_corpus]
+        line += (
+            f" (the paper's numbers are on {PAPER_CORPORA[paper_corpus]}: |V| = {p['vocab_size']:,}, "
+            f"{' / '.join(f'{p[s]:,}' for s in SPLITS)})"
+        )
     return line + "."
 
 

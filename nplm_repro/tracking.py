@@ -45,10 +45,10 @@ def git_commit() -> str:
 
 
 def data_tags(corpus: Corpus) -> dict[str, str]:
-    """What identifies the data: its fingerprint, |V| and the split sizes."""
+    """What identifies the data: its fingerprint, |V|, the split sizes, what was counted and where it was read."""
     tags = {"data_fingerprint": corpus.fingerprint, "vocab_size": str(corpus.vocab_size)}
     tags.update({f"{split}_tokens": str(corpus.size(split)) for split in SPLITS})
-    return tags
+    return tags | corpus.count_tags()
 
 
 def model_key(cfg: DictConfig, corpus: Corpus) -> str:
@@ -74,6 +74,8 @@ BOOKKEEPING = (
     "threads",
     "row",
     "data.path",
+    "data.split.valid_path",
+    "data.split.test_path",
     "data.eval_batch_size",
     "trainer.enable_progress_bar",
     "callbacks.progress_bar",

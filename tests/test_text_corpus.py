@@ -1,0 +1,307 @@
+"""A user's plain-text corpus and the AP preprocessing: tokenisation, mappings, reading, errors, splits, the WSJ
+sample of ../shared/data/treebank.zip (raw and tagged), Brown read as text, and one nplm-train run on WSJ."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import mlflow
+import pytest
+from hydra import compose, initialize_config_dir
+
+from nplm_repro.config import check_config
+from nplm_repro.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, read_brown
+from nplm_repro.errors import NplmError
+from nplm_repro.report import build, markdown
+from nplm_repro.text_corpus import AP_SPLIT, PROPER, TextCorpus, number_symbol, prepare_text, tokenize
+
+ROOT = Path(__file__).resolve().parents[1]
+TREEBANK = ROOT.parent / "shared" / "data" / "treebank.zip"
+AP = {"numbers": True, "proper_nouns": True, "lowercase": True, "drop_lines": [".START"]}
+SPLIT = {"train": 40, "valid": 5}  # test: the rest
+
+
+def words(corpus: TextCorpus, split: str | None = None) -> list[str]:
+    start, end = corpus.bounds[split] if split else (0, len(corpus.ids))
+    return [corpus.vocab[i] for i in corpus.ids[start:end]]
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+@pytest.fixture(scope="module")
+def treebank() -> Path:
+    assert TREEBANK.exists(), f"the tests need the WSJ sample at {TREEBANK}"
+    return TREEBANK
+
+
+@pytest.mark.parametrize(
+    "line,tokens",
+    [
+        (
+            "Mr. Smith's U.S. unit paid $1,000.50 -- on Nov. 29th.",
+            ["Mr", ".", "Smith's", "U.S.", "unit", "paid", "$", "1,000.50", "-", "-", "on", "Nov", ".", "29th", "."],
+        ),
+        (
+            "A state-of-the-art 10-year plan, don't you think?",
+            ["A", "state-of-the-art", "10-year", "plan", ",", "don't", "you", "think", "?"],
+        ),
+        (
+            "In the 1990s, 1/2 of it (at 10:30)...",
+            ["In", "the", "1990s", ",", "1/2", "of", "it", "(", "at", "10:30", ")", ".", ".", "."],
+        ),
+        ("«Café» l’été: 5%", ["«", "Café", "»", "l’été", ":", "5", "%"]),
+    ],
+)
+def test_tokenize_splits_words_and_punctuation(line: str, tokens: list[str]) -> None:
+    assert tokenize(line) == tokens
+
+
+@pytest.mark.parametrize(
+    "token,symbol",
+    [
+        ("1995", "<year>"),
+        ("1990s", "<year>"),
+        ("21st", "<ordinal>"),
+        ("3RD", "<ordinal>"),
+        ("1/2", "<fraction>"),
+        ("3.5", "<decimal>"),
+        ("1,000.25", "<decimal>"),
+        ("61", "<int>"),
+        ("1,000", "<int>"),
+        ("1400", "<int>"),
+        ("10-year", None),
+        ("10:30", None),
+        ("A300", None),
+    ],
+)
+def test_numeric_forms_and_their_symbols(token: str, symbol: str | None) -> None:
+    assert number_symbol(token) == symbol
+
+
+def test_ap_mappings_on_small_text(tmp_path: Path) -> None:
+    """Numbers first, then proper nouns (capitalised inside a sentence, never lower case), then lower case."""
+    text = (
+        ".START\n\nThe board met Vinken in 1995 .\nLater the New board paid 3.5 million to Vinken .\n\n"
+        "It was the 2nd new deal , I think .\n"
+    )
+    corpus = prepare_text(str(write(tmp_path / "news.txt", text)), **AP, train=28, valid=1)
+    assert words(corpus)[:8] == ["the", "board", "met", PROPER, "in", "<year>", ".", "later"]
+    # New occurs lower-cased (new deal), I is one letter, The/Later/It only start sentences
+    assert words(corpus)[8:18] == ["the", "new", "board", "paid", "<decimal>", "million", "to", PROPER, ".", "<eop>"]
+    assert words(corpus)[19:22] == ["was", "the", "<ordinal>"] and "i" in words(corpus)
+    c = corpus.counts
+    assert (c["year_tokens"], c["decimal_tokens"], c["ordinal_tokens"], c["int_tokens"]) == (1, 1, 1, 0)
+    assert (c["proper_tokens"], c["proper_types"], c["paragraphs"], c["files"]) == (2, 1, 2, 1)
+    assert corpus.count_tags()["count.proper_tokens"] == "2" and corpus.count_tags()["data_source"] == "news.txt"
+    assert "<proper> 2 tokens (1 types)" in corpus.summary() and "<year> 1" in corpus.summary()
+
+
+def test_each_mapping_switches_off_and_changes_the_fingerprint(tmp_path: Path) -> None:
+    path = str(write(tmp_path / "news.txt", "Stocks rose in 1995 and Vinken said so .\n" * 8))
+    on = prepare_text(path, **AP, **SPLIT)
+    assert {"<year>", PROPER, "stocks"} <= set(on.vocab)
+    seen = {on.fingerprint}
+    for step, said, absent, present in (
+        ("numbers", "numbers", "<year>", "1995"),
+        ("proper_nouns", "proper nouns", PROPER, "vinken"),
+        ("lowercase", "lower-casing", "stocks", "Stocks"),
+    ):
+        off = prepare_text(path, **(AP | {step: False}), **SPLIT)
+        assert absent not in off.vocab and present in off.vocab and f"{said}: off" in off.summary()
+        seen.add(off.fingerprint)
+    plain = prepare_text(path, **SPLIT)
+    assert plain.vocab == prepare_text(path, **SPLIT, tags=False).vocab
+    assert len(seen | {plain.fingerprint}) == 5
+    assert "numbers: off; proper nouns: off; lower-casing: off" in plain.summary()
+
+
+def test_tagged_words_are_proper_by_their_tags(tmp_path: Path) -> None:
+    pos = (
+        "[ Pierre/NNP Vinken/NNP ]\n,/, \n[ 61/CD years/NNS ]\nold/JJ ./. \n\n======\n[ Mr./NNP Vinken/NNP ]\nis/VBZ \n"
+    )
+    corpus = prepare_text(str(write(tmp_path / "wsj_0001.pos", pos)), **AP, paragraphs=False, train=9, valid=1)
+    assert words(corpus) == [PROPER, PROPER, ",", "<int>", "years", "old", ".", PROPER, PROPER, "is", END_OF_TEXT]
+    assert corpus.counts["tagged_files"] == 1 and corpus.counts["proper_types"] == 3
+    with pytest.raises(NplmError, match=r"wsj_0002.pos: 'plain' is not word/TAG"):
+        prepare_text(str(write(tmp_path / "more" / "wsj_0002.pos", "a/DT plain text\n")), tags=True, train=1, valid=1)
+
+
+def test_vocabulary_size_keeps_punctuation_and_marks(tmp_path: Path) -> None:
+    text = "a a a a b b b c c ; d !\n\n" * 4
+    corpus = prepare_text(str(write(tmp_path / "t.txt", text)), vocab_size=6, train=40, valid=10)
+    # |V| = 6: <eop> <eot> ; ! always, <unk> last, one word left: the most frequent
+    assert set(corpus.vocab) == {"a", ";", "!", END_OF_PARAGRAPH, END_OF_TEXT, UNK} and corpus.vocab[-1] == UNK
+    assert corpus.counts["unk_types"] == 3 and corpus.counts["punctuation_types"] == 2
+    with pytest.raises(NplmError, match=r"^data.vocab_size=4 is smaller than the 5 marks"):
+        prepare_text(str(tmp_path / "t.txt"), vocab_size=4, train=40, valid=10)
+
+
+def test_directory_and_zip_read_the_same_files_in_sorted_order(tmp_path: Path) -> None:
+    write(tmp_path / "news" / "b.txt", "second text .\n")
+    write(tmp_path / "news" / "a.txt", "first text .\n\nnew paragraph .\n")
+    write(tmp_path / "news" / "sub" / "c.txt", "third .\n")
+    write(tmp_path / "news" / ".hidden", "never read\n")
+    with zipfile.ZipFile(tmp_path / "news.zip", "w") as archive:
+        for name in ("sub/c.txt", "b.txt", "a.txt"):
+            archive.write(tmp_path / "news" / name, f"news/{name}")
+    folder = prepare_text(str(tmp_path / "news"), train=10, valid=2)
+    packed = prepare_text(str(tmp_path / "news.zip"), train=10, valid=2)
+    assert words(folder)[:5] == ["first", "text", ".", END_OF_PARAGRAPH, "new"]
+    assert words(folder) == words(packed) and folder.fingerprint == packed.fingerprint
+    assert folder.counts["files"] == 3 and words(folder).count(END_OF_TEXT) == 3 and "never" not in words(folder)
+    assert packed.source == "news.zip"
+    only = prepare_text(str(tmp_path / "news.zip"), members="news/sub/", train=2, valid=1)
+    assert words(only) == ["third", ".", END_OF_PARAGRAPH, END_OF_TEXT] and only.source == "news.zip (news/sub/*)"
+
+
+def test_undecodable_text_names_the_file_and_byte_offset(tmp_path: Path) -> None:
+    write(tmp_path / "news" / "a.txt", "fine .\n")
+    write(tmp_path / "news" / "b.txt", b"caf\xc3\xa9 ok \xe9t\xe9\n")
+    with pytest.raises(NplmError, match=r"^news/b.txt is not utf-8 at byte 9; .*data.encoding") as error:
+        prepare_text(str(tmp_path / "news"), train=1, valid=1)
+    assert "\n" not in str(error.value)
+    assert (
+        "été"
+        in words(prepare_text(str(tmp_path / "news"), encoding="latin-1", vocab_from="stream", train=1, valid=1))[-3]
+    )
+
+
+def test_split_defaults_to_the_papers_ap_proportions(tmp_path: Path) -> None:
+    corpus = prepare_text(str(write(tmp_path / "t.txt", "one two three four five six seven .\n" * 2500)))
+    total = len(corpus.ids)
+    train, valid = (round(total * part / sum(AP_SPLIT)) for part in AP_SPLIT[:2])
+    assert corpus.bounds == {"train": (0, train), "valid": (train, train + valid), "test": (train + valid, total)}
+    assert corpus.size("valid") / corpus.size("train") == pytest.approx(963_138 / 13_994_528, rel=2e-3)
+
+
+def test_split_by_separate_files(tmp_path: Path) -> None:
+    train, valid, test = (
+        write(tmp_path / f"{s}.txt", f"{s} words here .\n" * k) for s, k in (("tr", 5), ("va", 2), ("te", 1))
+    )
+    corpus = prepare_text(str(train), valid_path=str(valid), test_path=str(test), vocab_from="stream")
+    assert [corpus.size(s) for s in ("train", "valid", "test")] == [22, 10, 6]  # + <eop> + <eot> each
+    assert words(corpus, "valid")[0] == "va" and words(corpus, "test")[0] == "te"
+    with pytest.raises(NplmError, match="give both, with data.split.train, valid and test null"):
+        prepare_text(str(train), valid_path=str(valid), test_path=str(test), train=10, valid=2)
+
+
+@pytest.mark.parametrize(
+    "make,kwargs,message",
+    [
+        (None, {}, r"^data.path=.*nowhere: no such file or directory$"),
+        ("\n\n  \n", {}, r"^data.path=.*: the corpus is empty \(no words in 1 files\)$"),
+        ("a b c .\n", {"train": 4, "valid": 2}, r"^the corpus has 6 tokens, too few for the requested splits"),
+        ("a b c .\n", {"train": 3}, r"^data.split.train and data.split.valid: give both"),
+        ("a b c .\n", {"encoding": "klingon"}, r"^data.encoding='klingon' is not an encoding"),
+        ("a b c .\n", {"members": "x/"}, r"no files whose name starts with data.members='x/'$"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_key_or_file(
+    make: str | None, kwargs: dict, message: str, tmp_path: Path
+) -> None:
+    path = write(tmp_path / "dir" / "t.txt", make).parent if make is not None else tmp_path / "nowhere"
+    with pytest.raises(NplmError, match=message):
+        prepare_text(str(path), **kwargs)
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["data=ap"], r"^data.path=None is invalid: expected a UTF-8 text file"),
+        (["data=text", "data.path=x", "data.tags=maybe"], r"^data.tags='maybe' is invalid"),
+        (["data=ap", "data.path=x", "data.vocab_size=1"], r"^data.vocab_size=1 is invalid"),
+        (["data=ap", "data.path=x", "data.lowercase=yes"], r"^data.lowercase='yes' is invalid"),
+        (["data.corpus=wiki"], r"^data.corpus='wiki' is invalid: expected brown or text or ap"),
+    ],
+)
+def test_config_rules_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(NplmError, match=message):
+        check_config(composed(*overrides))
+
+
+def test_ap_config_is_the_papers_setting() -> None:
+    data = composed("data=ap", "data.path=x").data
+    assert (data.corpus, data.vocab_size, data.numbers, data.proper_nouns, data.lowercase) == (
+        "ap",
+        17964,
+        True,
+        True,
+        True,
+    )
+    assert data.split.train is None and data.vocab_from == "train"
+    check_config(composed("data=ap", "data.path=x", "+experiment=ap_mlp10"))
+
+
+@pytest.fixture(scope="module")
+def wsj(treebank: Path) -> dict[str, TextCorpus]:
+    """The WSJ sample with the AP preprocessing: raw text (one file has two latin-1 bytes) and word/TAG."""
+    return {
+        "raw": prepare_text(
+            str(treebank), "ap", "treebank/raw/wsj_", "latin-1", **AP, max_unk_freq=3, vocab_size=17964
+        ),
+        "tagged": prepare_text(
+            str(treebank), "ap", "treebank/tagged/wsj_", paragraphs=False, **AP, max_unk_freq=3, vocab_size=17964
+        ),
+    }
+
+
+def test_wsj_sample_raw_and_tagged(wsj: dict[str, TextCorpus]) -> None:
+    raw, tagged = wsj["raw"], wsj["tagged"]
+    assert raw.counts["files"] == tagged.counts["files"] == tagged.counts["tagged_files"] == 199
+    assert raw.counts["tagged_files"] == 0
+    assert tagged.counts["words"] == 94_200  # every word/TAG item of the .pos files
+    assert tagged.counts["proper_tokens"] == 9_428 + 244  # NNP + NNPS
+    assert words(tagged)[:9] == [PROPER, PROPER, ",", "<int>", "years", "old", ",", "will", "join"]
+    assert words(raw)[:9] == [UNK, PROPER, ",", "<int>", "years", "old", ",", "will", "join"]
+    # Pierre only starts a sentence (rare: <unk>); the heuristic finds most of what the tags call proper
+    assert 0.6 < raw.counts["proper_tokens"] / tagged.counts["proper_tokens"] < 1.1
+    for corpus in (raw, tagged):
+        assert corpus.size("valid") / corpus.size("train") == pytest.approx(963_138 / 13_994_528, rel=1e-3)
+        assert corpus.counts["year_tokens"] > 100 and corpus.counts["int_tokens"] > 1000
+        assert all(w == w.lower() for w in corpus.vocab)
+
+
+def test_brown_read_as_text_is_the_brown_stream(brown_path: Path, tmp_path: Path) -> None:
+    """Brown's word/tag files through the text reader: the Brown reader's tokens, paragraphs and texts."""
+    with zipfile.ZipFile(brown_path) as archive:
+        for name in ("brown/ca01", "brown/ca02", "brown/cb01"):
+            write(tmp_path / name, archive.read(name))
+    tokens, counted = read_brown(tmp_path / "brown")
+    corpus = prepare_text(str(tmp_path / "brown"), max_unk_freq=0, vocab_from="stream", train=5000, valid=1000)
+    assert words(corpus) == tokens and corpus.counts["tagged_files"] == 3
+    assert (corpus.counts["paragraphs"], corpus.counts["words"]) == (counted["paragraphs"], counted["words"])
+    proper = prepare_text(str(tmp_path / "brown"), proper_nouns=True, train=5000, valid=1000)
+    assert words(proper)[:4] == ["The", PROPER, "County", "Grand"]  # The/at Fulton/np-tl County/nn-tl: tags decide
+
+
+def test_ap_table2_row_end_to_end_on_wsj(treebank: Path, wsj: dict[str, TextCorpus], tmp_path: Path) -> None:
+    """`nplm-train` with data=ap on the WSJ sample: a Kneser-Ney row lands in experiment `ap` with what was counted,
+    and the ap_table2 report names the corpus it was run on."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    data = ["data=ap", f"data.path={treebank}", "data.members=treebank/raw/wsj_", "data.encoding=latin-1"]
+    command = [sys.executable, "-m", "nplm_repro.train", *data, "+experiment=kn3", f"tracking.uri={uri}"]
+    result = subprocess.run(command, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.search_runs(experiment_names=["ap"]).iloc[0]
+    corpus = wsj["raw"]
+    assert run["status"] == "FINISHED" and run["tags.row"] == "Kneser-Ney back-off"
+    assert run["tags.data_fingerprint"] == corpus.fingerprint and run["tags.corpus"] == "ap"
+    assert run["tags.data_source"] == "treebank.zip (treebank/raw/wsj_*)"
+    assert run["tags.count.proper_tokens"] == str(corpus.counts["proper_tokens"])
+    assert run["metrics.test_tokens"] == corpus.size("test") and 1 < run["metrics.test_ppl"] < corpus.vocab_size
+    report = build(uri, "ap", "ap_table2")
+    text = markdown(report, [])
+    assert "our runs on corpus ap, read from treebank.zip (treebank/raw/wsj_*)" in text
+    assert "the paper's numbers are on AP News 1995-96" in text
+    assert report.table.loc[report.table["status"] == "finished", "label"].tolist() == ["Kneser-Ney back-off n=3"]
