@@ -124,7 +124,9 @@ def test_tagged_words_are_proper_by_their_tags(tmp_path: Path) -> None:
     pos = (
         "[ Pierre/NNP Vinken/NNP ]\n,/, \n[ 61/CD years/NNS ]\nold/JJ ./. \n\n======\n[ Mr./NNP Vinken/NNP ]\nis/VBZ \n"
     )
-    corpus = prepare_text(str(write(tmp_path / "wsj_0001.pos", pos)), **AP, paragraphs=False, train=9, valid=1)
+    corpus = prepare_text(
+        str(write(tmp_path / "wsj_0001.pos", pos)), **AP, paragraphs=False, vocab_from="stream", train=9, valid=1
+    )
     assert words(corpus) == [PROPER, PROPER, ",", "<int>", "years", "old", ".", PROPER, PROPER, "is", END_OF_TEXT]
     assert corpus.counts["tagged_files"] == 1 and corpus.counts["proper_types"] == 3
     with pytest.raises(NplmError, match=r"wsj_0002.pos: 'plain' is not word/TAG"):
