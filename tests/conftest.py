@@ -19,3 +19,10 @@ def brown_path() -> Path:
 def brown(brown_path: Path) -> Corpus:
     """The full Brown stream as the paper cuts it."""
     return prepare_brown(str(brown_path))
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; put it back as it was after each test."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # records the value before the test, restored after it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")

@@ -29,13 +29,6 @@ STAMP = "%Y-%m-%d %H:%M:%S,%f"
 ROWS = "+experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the trigram
 
 
-@pytest.fixture(autouse=True)
-def _no_tracking_uri_leak(monkeypatch: pytest.MonkeyPatch) -> None:
-    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; put it back as it was after each test."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # records the value before the test, restored after it
-    monkeypatch.delenv("MLFLOW_TRACKING_URI")
-
-
 def nplm_sweep(workdir: Path, study: str, *overrides: str, env: dict[str, str] | None = None) -> str:
     """The documented command, run as a user runs it; returns its output (stdout and stderr)."""
     command = [str(Path(sys.executable).parent / "nplm-train"), "-cd", str(SWEEPS), "-cn", study, *overrides]
