@@ -76,6 +76,7 @@ COMMON: dict[str, Rule] = {
     "data.split.test": _optional(_at_least(1)),
     "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "study": ((lambda v: v is None or (isinstance(v, str) and v.strip() != "")), "null or a name"),
+    "report": ((lambda v: v is None or (isinstance(v, str) and v.strip() != "")), "null or a directory"),
     "rerun": (lambda v: isinstance(v, bool), "true or false"),
     "threads": _optional(_at_least(1)),
 }

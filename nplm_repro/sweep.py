@@ -30,6 +30,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from nplm_repro.errors import NplmError
+
 log = logging.getLogger(__name__)
 
 PARENT_ENV = "NPLM_PARENT_RUN_ID"
@@ -97,6 +99,19 @@ class MlflowSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.parent_run_id:
             mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, "FINISHED")
+        if config.get("report") and config.get("study"):
+            write_report(self.uri, config.tracking.experiment, config.study, Path(config.report))
+
+
+def write_report(uri: str, experiment: str, study: str, out: Path) -> None:
+    """The study's report, as `nplm-report --study` writes it; a report that cannot be built is only a warning."""
+    from nplm_repro.report import build, write  # matplotlib and the report code load only when a sweep ends
+
+    try:
+        for path in write(build(uri, experiment, study), out):
+            log.info("report: %s", path)
+    except NplmError as error:
+        log.warning("no report of study %s: %s", study, error)
 
 
 def launcher_threads() -> int | None:

@@ -2,8 +2,8 @@
 
 Reading. `data.path` is a file, a directory (every file below it, hidden ones skipped) or a `.zip`; files are
 read in sorted order of their path, and `members` keeps only those whose path (relative to the directory, or
-inside the zip) starts with it, e.g. `treebank/raw/wsj_`. Text is UTF-8 (or `encoding`). Each file is one text, `<eot>` after
-it; with `paragraphs` on, `<eop>` after each block of non-blank lines (as in Brown). Lines equal to one of
+inside the zip) starts with it, e.g. `treebank/raw/wsj_`. Text is UTF-8 (or `encoding`). Each file is one
+text, `<eot>` after it; with `paragraphs` on, `<eop>` after each block of non-blank lines (as in Brown). Lines equal to one of
 `drop_lines` are skipped (`.START`, the first line of the Penn Treebank's raw files). A file whose every item is
 `word/TAG` (Brown, the Treebank's `.pos`, whose `[ ]` chunk brackets and `===` lines are skipped) is tagged
 (`tags: auto`): its words are kept as they are and its tags name the proper nouns; any other file is cut by

@@ -71,6 +71,7 @@ def model_key(cfg: DictConfig, corpus: Corpus) -> str:
 BOOKKEEPING = (
     "tracking",
     "rerun",
+    "report",
     "threads",
     "row",
     "data.path",

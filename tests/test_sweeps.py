@@ -64,6 +64,8 @@ def test_sweep_nests_its_jobs_and_a_second_run_skips_them(brown_path: Path, tmp_
     assert parent["status"] == "FINISHED" and parent["tags.study"] == "brown_table1"
     assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
     assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["tags.study"] == "brown_table1").all()
+    report = (tmp_path / "reports" / "brown_table1.md").read_text()  # the sweep ends by writing its report
+    assert re.search(r"\| Del. Int. +\| +3 \|", report) and re.search(r"\| Kneser-Ney back-off +\| +3 \|", report)
     output = nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
     assert output.count("skipped: run") == 2 and len(runs_of(uri)) == 3
 
