@@ -19,10 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.corpus import CORPORA
-from nplm_repro.errors import NplmError
+from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.mixture import MIX_MODES
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # as a shell reports a job stopped by Ctrl-C
 
 
 Rule = tuple[Callable[[Any], bool], str]
@@ -134,7 +135,7 @@ def check_config(cfg: DictConfig) -> None:
         raise NplmError("model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)")
 
 
-def _one_line(error: BaseException) -> str:
+def one_line(error: BaseException) -> str:
     """Hydra/OmegaConf messages span lines; keep the first line of the error and of its cause."""
     parts = [str(error).strip().splitlines()[0].rstrip(".")]
     if error.__cause__ is not None and str(error.__cause__).strip():
@@ -143,7 +144,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def _fail(error: BaseException) -> NoReturn:
-    print(f"{os.path.basename(sys.argv[0])}: error: {_one_line(error)}", file=sys.stderr)
+    print(f"{os.path.basename(sys.argv[0])}: error: {one_line(error)}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
 
 
@@ -163,7 +164,7 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
     """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and exits 2.
 
     Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
-    us, and keep Hydra's full traceback when the user set it.
+    us, and keep Hydra's full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130.
     """
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
 
@@ -176,5 +177,10 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
             if user_wants_traceback:
                 raise
             _fail(error)
+        except (KeyboardInterrupt, SystemExit) as error:
+            if not interrupted(error) or user_wants_traceback:
+                raise
+            print(f"{os.path.basename(sys.argv[0])}: interrupted (a run being recorded is now KILLED)", file=sys.stderr)
+            sys.exit(EXIT_INTERRUPTED)
 
     return run

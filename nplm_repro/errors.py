@@ -1,5 +1,30 @@
-"""The one exception type that reaches the user as a single line (no traceback)."""
+"""The one exception type that reaches the user as a single line (no traceback), and how an interrupt looks."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
 
 
 class NplmError(Exception):
     """Bad input or environment: the message says what is wrong and how to fix it."""
+
+
+def interrupted(error: BaseException | None) -> bool:
+    """Ctrl-C or SIGTERM, also when Lightning turned it into SystemExit after its graceful shutdown."""
+    while error is not None:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        error = error.__context__
+    return False
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def sigterm_interrupts() -> None:
+    """SIGTERM (kill, SLURM's preemption) stops a job as Ctrl-C does: its run ends KILLED, resumable."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm)

@@ -30,7 +30,9 @@ from torch.nn import functional as F
 
 from nplm_repro.bf16_loss import bf16_cross_entropy
 from nplm_repro.corpus import SPLITS
+from nplm_repro.errors import NplmError
 from nplm_repro.model import NPLM
+from nplm_repro.windows import WindowBatches
 
 
 class NPLMModule(L.LightningModule):
@@ -56,11 +58,21 @@ class NPLMModule(L.LightningModule):
         # Logged by hand, not by self.log(on_step, on_epoch) on every batch: that costs about 4% of a step.
         self._seen += len(target)
         self._loss_sum += loss.detach() * len(target)
-        if batch_idx % self.trainer.log_every_n_steps == 0:
+        if batch_idx % self.trainer.log_every_n_steps == 0:  # not every step: a GPU would wait for the check
+            self._check_finite(loss)
             self.log("train_loss_step", loss)
         return loss
 
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        if not torch.isfinite(loss):
+            raise NplmError(
+                f"training loss is {loss.item()} at epoch {self.current_epoch}, step {self.global_step}: "
+                "the model diverged (try a smaller optim.lr)"
+            )
+
     def on_train_epoch_start(self) -> None:
+        if isinstance(self.trainer.train_dataloader, WindowBatches):  # epoch k's shuffle, also after a resume
+            self.trainer.train_dataloader.set_epoch(self.current_epoch)
         self._seen, self._epoch_start, self._loss_sum = 0, time.perf_counter(), torch.zeros((), dtype=torch.float64)
 
     def tokens_per_s(self) -> float:
@@ -68,6 +80,7 @@ class NPLMModule(L.LightningModule):
         return self._seen / max(time.perf_counter() - self._epoch_start, 1e-9)
 
     def on_train_epoch_end(self) -> None:
+        self._check_finite(self._loss_sum)
         self.log("train_loss_epoch", self._loss_sum / max(self._seen, 1))
         self.log("train_tokens_per_s", self.tokens_per_s())
 

@@ -36,7 +36,7 @@ from nplm_repro.claims import Claim, check_claims
 from nplm_repro.config import NEURAL_MODEL, cli
 from nplm_repro.corpus import SPLITS
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking import BOOKKEEPING
+from nplm_repro.tracking import BOOKKEEPING, check_store
 
 COLUMNS = ("n", "c", "h", "m", "direct", "mix")
 PAPER_TABLES = {"brown_table1": "brown", "ap_table2": "ap"}  # study -> corpus
@@ -118,6 +118,7 @@ def read_runs(uri: str, experiment: str) -> pd.DataFrame:
     path = _sqlite_file(uri)
     if path is not None and not path.is_file():
         raise NplmError(f"no tracking store at {path}: run nplm-train first, or pass --tracking-uri")
+    check_store(uri, create=False)
     try:
         with _tracking(uri):
             found = mlflow.get_experiment_by_name(experiment)

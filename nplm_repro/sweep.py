@@ -31,6 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking import check_store
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class MlflowSweep(Callback):
         params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True)
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         key = sweep_key(study, overrides, params)
+        check_store(self.uri)
         client = mlflow.MlflowClient(self.uri)  # creates the SQLite store and its tables, once, here
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else client.create_experiment(experiment)

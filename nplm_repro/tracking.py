@@ -7,16 +7,18 @@ import hashlib
 import json
 import logging
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
+import requests
 from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.corpus import SPLITS, Corpus
-from nplm_repro.errors import NplmError
+from nplm_repro.errors import NplmError, interrupted
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,24 @@ def config_key(cfg: DictConfig, corpus: Corpus) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def check_store(uri: str, create: bool = True) -> None:
+    """Fail at once, in one line, on a store that cannot be used (before a corpus is read or a run opened).
+
+    An HTTP store must answer /health within 10 s: MLflow's client would retry for minutes. Other stores are
+    opened and listed (a new SQLite file is created, unless `create=False`).
+    """
+    if uri.startswith(("http://", "https://")):
+        try:
+            requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
+        except requests.RequestException as error:
+            raise NplmError(f"tracking store {uri!r} is unreachable: {type(error).__name__} on /health") from None
+    elif create:
+        try:
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+        except Exception as error:  # MLflow raises many types for a bad store; all mean the same to the user
+            raise NplmError(f"tracking store {uri!r} is unusable: {str(error).strip().splitlines()[0]}") from None
+
+
 def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
     """The newest FINISHED run of the experiment with these tag values, or None."""
     client = mlflow.MlflowClient(uri)
@@ -111,14 +131,33 @@ def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+def find_resumable(uri: str, experiment: str, config_key: str) -> tuple[str, Path] | None:
+    """The newest run of this config that a kill interrupted (KILLED, or RUNNING with its process gone), and the
+    last checkpoint it wrote; None if there is none. The caller holds the MLP's lock, so no live job owns it."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    query = f"tags.config_key = '{config_key}'"
+    for run in client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"]):
+        if run.info.status not in ("KILLED", "RUNNING"):
+            continue
+        last = Path(run.data.tags.get("checkpoint_dir", "")) / "last.ckpt"
+        if run.data.tags.get("checkpoint_dir") and last.is_file():
+            return run.info.run_id, last
+    return None
+
+
 class RunLogger(MLFlowLogger):
     """MLFlowLogger that keeps the run open after `fit`: the reported perplexities are computed after it.
 
     Lightning finalizes loggers with "success" at the end of every fit/test; the run is ended only by
-    `close()`. A failure still ends it at once as FAILED.
+    `close()`. A failure still ends it at once: KILLED for Ctrl-C or SIGTERM (resumable), else FAILED.
     """
 
     def finalize(self, status: str = "success") -> None:
+        if status == "failed" and interrupted(sys.exc_info()[1]):
+            status = "KILLED"
         if status != "success":
             super().finalize(status)
 
@@ -135,9 +174,14 @@ def run_name(cfg: DictConfig) -> str:
     return f"{what} seed={cfg.seed}"
 
 
-def open_run(cfg: DictConfig, corpus: Corpus, **extra_tags: str) -> RunLogger:
-    """Create the MLflow run of this job, with its params and tags; fails with one line if the store is unreachable."""
+def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra_tags: str) -> RunLogger:
+    """Create the MLflow run of this job, with its params and tags, or reopen run `resume` (status RUNNING again);
+    fails with one line if the store is unreachable."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
+    if resume:
+        mlflow.MlflowClient(uri).update_run(resume, status="RUNNING")
+        log.info("MLflow run %s resumed in experiment %r at %s", resume, experiment, uri)
+        return RunLogger(experiment_name=experiment, tracking_uri=uri, run_id=resume)
     tags = {**data_tags(corpus), "git_commit": git_commit(), "corpus": corpus.name, **extra_tags}
     for key in ("row", "study"):
         if cfg.get(key):

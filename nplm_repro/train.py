@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import time
+import traceback
 from pathlib import Path
 
 import hydra
@@ -24,14 +25,23 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.config import bad_input_exits, check_config, cli, is_neural
+from nplm_repro.config import bad_input_exits, check_config, cli, is_neural, one_line
 from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
+from nplm_repro.errors import interrupted, sigterm_interrupts
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
 from nplm_repro.module import NPLMModule
 from nplm_repro.ngram import DeletedInterpolation, NgramModel, perplexity_of
 from nplm_repro.sweep import launcher_threads, mlp_lock
-from nplm_repro.tracking import RunLogger, config_key, find_finished, model_key, open_run
+from nplm_repro.tracking import (
+    RunLogger,
+    check_store,
+    config_key,
+    find_finished,
+    find_resumable,
+    model_key,
+    open_run,
+)
 from nplm_repro.windows import WindowBatches, windows
 
 log = logging.getLogger(__name__)
@@ -43,8 +53,11 @@ def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = 
     return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed)
 
 
-def train_neural(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, float]:
-    """Train eq. (1), keep the best-validation checkpoint, score every split with it."""
+def train_neural(
+    cfg: DictConfig, corpus: Corpus, logger: RunLogger, resume_from: Path | None = None
+) -> dict[str, float]:
+    """Train eq. (1) (or continue from checkpoint `resume_from`), keep the best-validation checkpoint, score every
+    split with it."""
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
     architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
     module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
@@ -55,6 +68,7 @@ def train_neural(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str
         module,
         train_dataloaders=loader(corpus, "train", n, cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
         val_dataloaders=loader(corpus, "valid", n, eval_batch),
+        ckpt_path=resume_from,
     )
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
@@ -125,6 +139,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     `rerun=true`.
     """
     check_config(cfg)
+    check_store(cfg.tracking.uri)
     threads = cfg.threads or launcher_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -154,22 +169,37 @@ def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
 
 
 def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, float]]:
-    """Fit or train the model and record it as one MLflow run (tagged with its config_key)."""
+    """Fit or train the model and record it as one MLflow run (tagged with its config_key).
+
+    An MLP whose last run of this config was killed (KILLED, or left RUNNING by `kill -9`) continues from that
+    run's last checkpoint, in that run, unless `rerun=true`. A failed run gets the tag `error` and error.txt.
+    """
     L.seed_everything(cfg.seed, workers=True)
+    resume = None
     if not is_neural(cfg):
         fit, tags = fit_ngram, {}
     elif cfg.model.mix == "none":
         fit, tags = train_neural, {"model_key": model_key(cfg, corpus)}
+        if cfg.callbacks.get("model_checkpoint"):
+            resume = None if cfg.rerun else find_resumable(cfg.tracking.uri, cfg.tracking.experiment, key)
+            checkpoints = resume[1].parent if resume else Path(cfg.callbacks.model_checkpoint.dirpath).resolve()
+            cfg.callbacks.model_checkpoint.dirpath = tags["checkpoint_dir"] = str(checkpoints)
+            if resume:
+                log.info("resuming run %s from %s", *resume)
+                fit = functools.partial(train_neural, resume_from=resume[1])
     else:
         base = base_run(cfg, corpus)
         fit, tags = functools.partial(mix_with_trigram, base=base), {"base_run_id": base}
-    logger = open_run(cfg, corpus, config_key=key, **tags)
+    logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
         metrics = fit(cfg, corpus, logger)
         logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
         logger.close()
-    except BaseException:
+    except BaseException as error:
+        if not interrupted(error):
+            logger.experiment.set_tag(logger.run_id, "error", one_line(error))
+            logger.experiment.log_text(logger.run_id, traceback.format_exc(), "error.txt")
         logger.finalize("failed")
         raise
     log.info("%s: %s", cfg.get("row") or "run", ", ".join(f"{k} {v:,.2f}" for k, v in sorted(metrics.items())))
@@ -179,6 +209,7 @@ def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, fl
 @hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
     keep_freed_memory()
+    sigterm_interrupts()
     with contextlib.nullcontext() if HydraConfig.get().mode == RunMode.MULTIRUN else bad_input_exits():
         run(cfg)
 

@@ -32,7 +32,9 @@ def split_context(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class WindowBatches:
     """Mini-batches of (context, target) over all windows of a split; reshuffled on every pass.
 
-    Pass k of a shuffled loader uses the permutation drawn from `seed + k`, so a run is reproducible.
+    Pass k of a shuffled loader uses the permutation drawn from `seed + k`, so a run is reproducible. The
+    module sets k to the epoch before each epoch (`set_epoch`), so a run resumed from a checkpoint sees the
+    same batches as one that never stopped.
     """
 
     def __init__(
@@ -44,6 +46,9 @@ class WindowBatches:
     ) -> None:
         self.rows, self.batch_size, self.shuffle, self.seed = rows, batch_size, shuffle, seed
         self.passes = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.passes = epoch
 
     def __len__(self) -> int:
         return math.ceil(len(self.rows) / self.batch_size)
