@@ -109,6 +109,8 @@ NEURAL: dict[str, Rule] = {
     "optim.weight_decay": _number(0),
     "optim.batch_size": _at_least(1),
     "trainer.precision": _one_of("32-true", "bf16-mixed"),  # bf16-mixed: products in bfloat16, eval float32
+    # ddp_spawn keeps the job (its MLflow run, its lock) in this process; ddp would re-run the whole command
+    "trainer.strategy": _one_of("auto", "ddp_spawn"),
 }
 RECIPES: dict[str, dict[str, Rule]] = {
     "paper": {"optim.decay_rate": _number(0)},

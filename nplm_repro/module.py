@@ -5,6 +5,7 @@ Both recipes are SGD with weight decay, the learning rate `optim.lr` counted per
   after every word; we average the loss over a mini-batch of B words and take the step B * eps_t, so one
   mini-batch moves the weights as far as the paper's B single-word updates would (to first order), and
   weight decay lambda shrinks them by B * eps_t * lambda per batch, as the paper's per-update decay does.
+  Under DDP with W processes of B words each, one step averages W x B words, and B counts them all.
 - `fast`: 5 times the paper's rate on batches of 256, multiplied by `plateau_factor` after each epoch that
   does not improve validation perplexity (early stopping ends training two such epochs later).
 Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
@@ -41,8 +42,7 @@ class NPLMModule(L.LightningModule):
         self.save_hyperparameters()
         self.model = NPLM(vocab_size, n, m, h, direct)
         self.optim = dict(optim)
-        self._nll = torch.zeros(len(SPLITS), dtype=torch.float64)
-        self._tokens = torch.zeros(len(SPLITS), dtype=torch.int64)
+        self._reset()
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:
         """Log-probabilities log P(w | context), [batch, |V|], from float32 logits."""
@@ -61,7 +61,8 @@ class NPLMModule(L.LightningModule):
         if batch_idx % self.trainer.log_every_n_steps == 0:  # not every step: a GPU would wait for the check
             self._check_finite(loss)
             self.log("train_loss_step", loss)
-        return loss
+        # The step is lr x batch_size words of mean loss: a short last batch of k words weighs k, not batch_size
+        return loss if len(target) == self.optim["batch_size"] else loss * (len(target) / self.optim["batch_size"])
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         if not torch.isfinite(loss):
@@ -106,8 +107,9 @@ class NPLMModule(L.LightningModule):
         return torch.exp(self._nll[slot] / self._tokens[slot])
 
     def _reset(self) -> None:
-        self._nll.zero_()
-        self._tokens.zero_()
+        """New tensors, not zeroed ones: DDP's spawned processes would share the pickled ones' memory."""
+        self._nll = torch.zeros(len(SPLITS), dtype=torch.float64)
+        self._tokens = torch.zeros(len(SPLITS), dtype=torch.int64)
 
     def on_validation_epoch_start(self) -> None:
         self._reset()
@@ -116,7 +118,8 @@ class NPLMModule(L.LightningModule):
         self._accumulate(batch, SPLITS.index("valid"))
 
     def on_validation_epoch_end(self) -> None:
-        self.log("valid_ppl_epoch", self._perplexity(SPLITS.index("valid")), prog_bar=True)
+        # sync_dist: under DDP every process scores the whole split, so the mean of theirs is that number
+        self.log("valid_ppl_epoch", self._perplexity(SPLITS.index("valid")), prog_bar=True, sync_dist=True)
 
     def on_test_epoch_start(self) -> None:
         self._reset()
@@ -127,8 +130,8 @@ class NPLMModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         for slot, split in enumerate(SPLITS):
             if self._tokens[slot]:
-                self.log(f"{split}_ppl", self._perplexity(slot))
-                self.log(f"{split}_tokens", self._tokens[slot].double())
+                self.log(f"{split}_ppl", self._perplexity(slot), sync_dist=True)
+                self.log(f"{split}_tokens", self._tokens[slot].double(), sync_dist=True)
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """P(w_t | context) of each target, float64, for mixing with another model token by token."""
@@ -140,7 +143,7 @@ class NPLMModule(L.LightningModule):
             {"params": self.model.decayed(), "weight_decay": o["weight_decay"]},
             {"params": self.model.biases(), "weight_decay": 0.0},
         ]
-        batch = o["batch_size"]
+        batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
         optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch)  # lr is per training word, see the module doc
         if o["recipe"] == "paper":
             decay = torch.optim.lr_scheduler.LambdaLR(

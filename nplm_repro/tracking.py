@@ -81,6 +81,7 @@ BOOKKEEPING = (
     "data.split.test_path",
     "data.eval_batch_size",
     "trainer.enable_progress_bar",
+    "trainer.strategy",  # auto and ddp_spawn give the same steps for the same trainer.devices
     "callbacks.progress_bar",
     "callbacks.model_checkpoint.dirpath",
 )

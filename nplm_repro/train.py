@@ -48,9 +48,10 @@ log = logging.getLogger(__name__)
 
 
 def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = False, seed: int = 0) -> WindowBatches:
+    """Batches of a split: shuffled ones are for training, and are split between DDP's processes."""
     start, end = corpus.bounds[split]
     rows = windows(corpus.ids, start, end, n, pad_id=corpus.vocab.index(END_OF_TEXT))
-    return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed)
+    return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed, shard=shuffle)
 
 
 def train_neural(
@@ -99,7 +100,8 @@ def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: RunLogger, base: s
         run_id=base, artifact_path="checkpoints/best.ckpt", tracking_uri=cfg.tracking.uri
     )
     module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
-    trainer = L.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False)
+    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto"}  # predictions in this process, in order
+    trainer = L.Trainer(**one_device, logger=False, enable_checkpointing=False)
     mlp = {
         split: torch.cat(trainer.predict(module, loader(corpus, split, cfg.model.n, cfg.data.eval_batch_size))).numpy()
         for split in ("valid", "test")

@@ -35,6 +35,10 @@ class WindowBatches:
     Pass k of a shuffled loader uses the permutation drawn from `seed + k`, so a run is reproducible. The
     module sets k to the epoch before each epoch (`set_epoch`), so a run resumed from a checkpoint sees the
     same batches as one that never stopped.
+
+    With `shard` on, in a distributed run (DDP) process r of W takes batches r, r + W, r + 2W, ... of the
+    pass (the same number in every process, so up to W - 1 batches of a pass are left out): one DDP step
+    on W processes sees exactly the windows of one batch of W x batch_size in a single process.
     """
 
     def __init__(
@@ -43,15 +47,24 @@ class WindowBatches:
         batch_size: int,
         shuffle: bool = False,
         seed: int = 0,
+        shard: bool = False,
     ) -> None:
-        self.rows, self.batch_size, self.shuffle, self.seed = rows, batch_size, shuffle, seed
+        self.rows, self.batch_size, self.shuffle, self.seed, self.shard = rows, batch_size, shuffle, seed, shard
         self.passes = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.passes = epoch
 
+    def _process(self) -> tuple[int, int]:
+        """(rank, world size) of this process when sharding in an initialised process group, else (0, 1)."""
+        if self.shard and torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
     def __len__(self) -> int:
-        return math.ceil(len(self.rows) / self.batch_size)
+        rank, world = self._process()
+        batches = math.ceil(len(self.rows) / self.batch_size)
+        return batches if world == 1 else batches // world
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.shuffle:
@@ -59,6 +72,7 @@ class WindowBatches:
         else:
             order = None
         self.passes += 1
-        for start in range(0, len(self.rows), self.batch_size):
-            chunk = slice(start, start + self.batch_size)
+        rank, world = self._process()
+        for batch in range(rank, len(self) * world, world):
+            chunk = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
             yield split_context(self.rows[order[chunk]] if order is not None else self.rows[chunk])

@@ -1,0 +1,130 @@
+"""Beyond one process: a real `mlflow server` over HTTP (SQLite, and PostgreSQL where it is installed), and DDP."""
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
+TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.enable_progress_bar=false"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def mlflow_server(backend: str, artifacts: Path) -> Iterator[str]:
+    """`mlflow server` as a team runs it (one worker here), on 127.0.0.1; yields its URI once /health answers."""
+    port = free_port()
+    command = [str(BIN / "mlflow"), "server", "--backend-store-uri", backend, "--artifacts-destination", str(artifacts)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    log = open(artifacts.parent / "server.log", "w")  # noqa: SIM115 (closed below)
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (artifacts.parent / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "mlflow server did not answer /health in 180 s"
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(f"{uri}/health", timeout=5).ok:
+                    break
+            time.sleep(0.5)
+        yield uri
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster (initdb, pg_ctl) on 127.0.0.1; as root it runs as the `postgres` user."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), *map(str, sorted(Path("/usr/lib/postgresql").glob("*/bin")))])
+    initdb, pg_ctl = shutil.which("initdb", path=path), shutil.which("pg_ctl", path=path)  # Debian keeps them off PATH
+    if not (initdb and pg_ctl and importlib.util.find_spec("psycopg")):
+        pytest.skip("PostgreSQL (initdb, pg_ctl) or psycopg is not installed")
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    home = Path(tempfile.mkdtemp(prefix="nplm-pg-"))
+    if as_user:
+        shutil.chown(home, "postgres")
+    port, data = free_port(), home / "data"
+    subprocess.run([*as_user, initdb, "-D", str(data), "-U", "nplm", "--auth=trust"], check=True, capture_output=True)
+    options = f"-p {port} -k {home} -c listen_addresses=127.0.0.1"
+    start = [*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(home / "log"), "-w", "start"]
+    subprocess.run(start, check=True, capture_output=True)
+    try:
+        yield f"postgresql://nplm@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path: Path, tmp_path: Path) -> None:
+    """A sweep (a tiny MLP3, its mixture MLP4, Kneser-Ney n=3) logs over HTTP, checkpoints go to the server's
+    artifact store and come back for the mixture, and `nplm-report` rebuilds the sweep's own report from it."""
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(postgres()) if backend == "postgresql" else f"sqlite:///{tmp_path}/server.db"
+        (tmp_path / "artifacts").mkdir()
+        uri = stack.enter_context(mlflow_server(store, tmp_path / "artifacts"))
+        sweep = [str(BIN / "nplm-train"), "-cd", str(ROOT / "sweeps"), "-cn", "brown_table1", "+experiment=mlp3,kn3,mlp4"]
+        sweep += [f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
+        result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+        rows = sorted(r.data.tags.get("row", "parent") for r in runs)
+        assert rows == ["Kneser-Ney back-off", "MLP3", "MLP4", "parent"]
+        assert all(r.info.status == "FINISHED" for r in runs)
+        mlp3 = next(r for r in runs if r.data.tags.get("row") == "MLP3")
+        assert [a.path for a in client.list_artifacts(mlp3.info.run_id, "checkpoints")] == ["checkpoints/best.ckpt"]
+        assert list((tmp_path / "artifacts").rglob("best.ckpt"))  # stored by the server, not by the job
+        report = [str(BIN / "nplm-report"), "--study", "brown_table1", "--tracking-uri", uri, "--out", "again"]
+        again = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+    for name in ("brown_table1.md", "brown_table1.csv"):
+        assert (tmp_path / "again" / name).read_text() == (tmp_path / "reports" / name).read_text()
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_trains_as_one_process_with_their_batches_together(
+    brown_path: Path, tmp_path: Path
+) -> None:
+    """2 processes x 256 words per step (ddp_spawn, gloo) against 1 process x 512: the same windows per step
+    and the same per-word learning rate, so the same model up to float rounding."""
+    common = [f"data.path={brown_path}", "data.split.train=20480", "data.split.valid=4000", "data.split.test=4000"]
+    common += ["+experiment=mlp3", "model.m=8", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
+    common += ["trainer.accelerator=cpu", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    ddp = ["trainer.strategy=ddp_spawn", "trainer.devices=2", "optim.batch_size=256", "threads=1"]
+    for variant in (ddp, ["optim.batch_size=512"]):
+        result = subprocess.run(
+            [str(BIN / "nplm-train"), *common, *variant], cwd=tmp_path, capture_output=True, text=True, timeout=900
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id], order_by=["start_time ASC"])
+    two, one = (r.data for r in runs)
+    assert (two.params["trainer.devices"], one.params["trainer.devices"]) == ("2", "1")
+    for split in ("train", "valid", "test"):
+        assert two.metrics[f"{split}_tokens"] == one.metrics[f"{split}_tokens"]  # every token scored once
+        assert abs(two.metrics[f"{split}_ppl"] / one.metrics[f"{split}_ppl"] - 1) < 0.005, split
