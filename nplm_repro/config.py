@@ -22,6 +22,7 @@ from nplm_repro.corpus import CORPORA
 from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.mixture import MIX_MODES
 
+EXIT_FAILED = 1  # anything else that went wrong: the run is FAILED, its traceback in the run's error.txt
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a job stopped by Ctrl-C
 
@@ -139,15 +140,15 @@ def check_config(cfg: DictConfig) -> None:
 
 def one_line(error: BaseException) -> str:
     """Hydra/OmegaConf messages span lines; keep the first line of the error and of its cause."""
-    parts = [str(error).strip().splitlines()[0].rstrip(".")]
+    parts = [(str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")]
     if error.__cause__ is not None and str(error.__cause__).strip():
         parts.append(str(error.__cause__).strip().splitlines()[0])
     return ": ".join(parts)
 
 
-def _fail(error: BaseException) -> NoReturn:
-    print(f"{os.path.basename(sys.argv[0])}: error: {one_line(error)}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(code)
 
 
 @contextlib.contextmanager
@@ -159,14 +160,16 @@ def bad_input_exits() -> Iterator[None]:
     try:
         yield
     except NplmError as error:
-        _fail(error)
+        _fail(one_line(error))
 
 
 def cli(main: Callable[[], Any]) -> Callable[[], None]:
-    """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and exits 2.
+    """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and
+    exits 2; any other exception prints `prog: error: <type>: ...` and exits 1 (a run keeps its traceback in
+    error.txt).
 
     Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
-    us, and keep Hydra's full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130.
+    us, and keep the full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130.
     """
     user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
 
@@ -178,11 +181,15 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
         except (HydraException, OmegaConfBaseException, NplmError) as error:
             if user_wants_traceback:
                 raise
-            _fail(error)
+            _fail(one_line(error))
         except (KeyboardInterrupt, SystemExit) as error:
             if not interrupted(error) or user_wants_traceback:
                 raise
             print(f"{os.path.basename(sys.argv[0])}: interrupted (a run being recorded is now KILLED)", file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)
+        except Exception as error:
+            if user_wants_traceback:
+                raise
+            _fail(f"{type(error).__name__}: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)", EXIT_FAILED)
 
     return run

@@ -43,8 +43,11 @@ def nltk_data_dirs() -> list[Path]:
 
 
 def brown_candidates(path: str | os.PathLike | None) -> list[Path]:
-    """Where to look for Brown, in order: the configured path, then every NLTK data location."""
-    candidates = [Path(path).expanduser()] if path else []
+    """Where to look for Brown: the configured path alone (a typo must not quietly read another copy), else
+    every NLTK data location, in NLTK's order."""
+    if path:
+        return [Path(path).expanduser()]
+    candidates = []
     for root in nltk_data_dirs():
         candidates += [root / "corpora" / "brown.zip", root / "corpora" / "brown"]
     return candidates
@@ -55,8 +58,6 @@ def find_brown(path: str | os.PathLike | None) -> Path:
     candidates = brown_candidates(path)
     for candidate in candidates:
         if candidate.exists():
-            if path and candidate != candidates[0]:
-                log.warning("data.path=%s does not exist; using %s", path, candidate)
             return candidate
     looked = ", ".join(str(c) for c in candidates)
     raise NplmError(f"Brown corpus not found (looked in: {looked}); {HOW_TO_GET_BROWN}")
@@ -167,12 +168,13 @@ class Corpus:
 
 def split_bounds(total: int, train: int, valid: int, test: int | None) -> dict[str, tuple[int, int]]:
     """Contiguous spans in stream order; test=None takes the rest."""
-    test = total - train - valid if test is None else test
-    if min(train, valid, test) <= 0 or train + valid + test > total:
-        raise NplmError(
-            f"the corpus has {total:,} tokens, too few for the requested splits "
-            f"data.split.train={train:,}, data.split.valid={valid:,}, data.split.test={test:,}"
+    rest = total - train - valid if test is None else test
+    if min(train, valid, rest) <= 0 or train + valid + rest > total:
+        asked = f"data.split.train={train:,}, data.split.valid={valid:,}" + (
+            ", data.split.test=the rest" if test is None else f", data.split.test={test:,}"
         )
+        raise NplmError(f"the corpus has {total:,} tokens, too few for the requested splits {asked}")
+    test = rest
     return {"train": (0, train), "valid": (train, train + valid), "test": (train + valid, train + valid + test)}
 
 

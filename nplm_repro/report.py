@@ -454,6 +454,11 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
         states = ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().sort_index().items())
         raise NplmError(f"no finished runs of study {study!r} in experiment {experiment!r} ({states})")
     configs = configurations(runs)
+    if study in PAPER_TABLES and not ((configs["paper_row"] >= 0) & (configs["status"] == "finished")).any():
+        raise NplmError(
+            f"no finished run of study {study!r} in experiment {experiment!r} has the columns of a row of the paper's "
+            f"table ({(runs['state'] == 'finished').sum()} finished runs with other columns)"
+        )
     corpus = runs["corpus"].iloc[0]
     if study in PAPER_TABLES:
         (table, attempts), extra = paper_study_table(study, configs), []

@@ -8,29 +8,34 @@ pickled with the launcher) through `NPLM_PARENT_RUN_ID`, which `tracking.parent_
 gets the tag `mlflow.parentRunId`. A re-run of the same sweep (same study, overrides and swept values) reuses
 its parent run, so the jobs it finishes land next to those that finished before.
 
+Hydra calls `on_multirun_end` only when every job succeeded; `ends_sweeps` ends the sweep otherwise: FAILED,
+with its report listing the failed rows, after a failed job; KILLED after Ctrl-C or SIGTERM.
+
 `mlp_lock`: a mixed row (MLP2 ...) and the row of its MLP (MLP1 ...) may run at the same time; whichever
 comes second waits for the first to finish training instead of training the same MLP again.
+`config_lock`: held by the job recording a run of a config_key, so a RUNNING run of that key found by the
+lock's holder has lost its process (kill -9, out of memory, a lost machine).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import mlflow
 from filelock import FileLock, Timeout
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.errors import NplmError
+from nplm_repro.errors import NplmError, interrupted, sigterm_interrupts
 from nplm_repro.tracking import check_store
 
 log = logging.getLogger(__name__)
@@ -50,13 +55,19 @@ def sweep_key(study: str | None, overrides: list[str], params: dict[str, Any]) -
 class MlflowSweep(Callback):
     """Open one MLflow parent run per multirun and nest every job's run under it (tag mlflow.parentRunId)."""
 
+    open: ClassVar[MlflowSweep | None] = None  # the sweep this process launched, until it ends
+
     def __init__(self) -> None:
         self.parent_run_id: str | None = None
         self.uri: str | None = None
+        self.experiment: str | None = None
+        self.study: str | None = None
+        self.report: str | None = None  # the directory the study's report goes to, or None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.uri, experiment = config.tracking.uri, config.tracking.experiment
         study = config.get("study")
+        self.experiment, self.study, self.report = experiment, study, config.get("report")
         overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=True))
         params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True)
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
@@ -89,20 +100,39 @@ class MlflowSweep(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
         os.environ[PARENT_ENV] = self.parent_run_id
+        MlflowSweep.open = self
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self.parent_run_id:  # set only in MULTIRUN
             os.environ[PARENT_ENV] = self.parent_run_id
 
-    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if self.parent_run_id and job_return.status == JobStatus.FAILED:
-            mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, "FAILED")  # multirun_end never comes
-
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.end("FINISHED")
+
+    def end(self, status: str) -> None:
+        """End the parent run; unless interrupted, write the study's report (failed rows listed as failed)."""
+        MlflowSweep.open = None
         if self.parent_run_id:
-            mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, "FINISHED")
-        if config.get("report") and config.get("study"):
-            write_report(self.uri, config.tracking.experiment, config.study, Path(config.report))
+            mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status)
+        if status != "KILLED" and self.report and self.study:
+            write_report(self.uri, self.experiment, self.study, Path(self.report))
+
+
+def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
+    """Wrap the @hydra.main function: a sweep that a failed job or an interrupt stops (Hydra then skips
+    on_multirun_end) still ends its parent run, FAILED with the report written, or KILLED; the error goes on."""
+
+    @functools.wraps(main)
+    def run() -> None:
+        sigterm_interrupts()  # in the launching process too, or SIGTERM would end it with the parent RUNNING
+        try:
+            main()
+        except BaseException as error:
+            if MlflowSweep.open is not None:
+                MlflowSweep.open.end("KILLED" if interrupted(error) else "FAILED")
+            raise
+
+    return run
 
 
 def write_report(uri: str, experiment: str, study: str, out: Path) -> None:
@@ -124,17 +154,27 @@ def launcher_threads() -> int | None:
 
 
 @contextlib.contextmanager
-def mlp_lock(key: str) -> Iterator[None]:
-    """Hold the lock of the MLP with this model_key (a file under $NPLM_CACHE or ~/.cache/nplm_repro/locks)."""
+def _hold(name: str, holder: str) -> Iterator[None]:
+    """Hold lock file `name` under $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks), waiting for its `holder`."""
     root = Path(os.environ.get(CACHE_ENV) or "~/.cache/nplm_repro").expanduser() / "locks"
     root.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(root / f"mlp-{key}.lock")
+    lock = FileLock(root / f"{name}.lock")
     try:
         lock.acquire(blocking=False)
     except Timeout:
-        log.info("another job is training the MLP with model_key %s: waiting for it", key)
+        log.info("another job is %s: waiting for it", holder)
         lock.acquire()
     try:
         yield
     finally:
         lock.release()
+
+
+def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of the MLP with this model_key while training or looking for its finished run."""
+    return _hold(f"mlp-{key}", f"training the MLP with model_key {key}")
+
+
+def config_lock(key: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of this config_key while looking for its runs and recording one."""
+    return _hold(f"run-{key}", f"recording a run of config_key {key}")

@@ -134,7 +134,7 @@ def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
 
 def find_resumable(uri: str, experiment: str, config_key: str) -> tuple[str, Path] | None:
     """The newest run of this config that a kill interrupted (KILLED, or RUNNING with its process gone), and the
-    last checkpoint it wrote; None if there is none. The caller holds the MLP's lock, so no live job owns it."""
+    last checkpoint it wrote; None if there is none. The caller holds the config's lock, so no live job owns it."""
     client = mlflow.MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -147,6 +147,24 @@ def find_resumable(uri: str, experiment: str, config_key: str) -> tuple[str, Pat
         if run.data.tags.get("checkpoint_dir") and last.is_file():
             return run.info.run_id, last
     return None
+
+
+ORPHANED = "its process ended without ending the run (kill -9, out of memory, a lost machine)"
+
+
+def end_orphans(uri: str, experiment: str, config_key: str, keep: str | None = None) -> None:
+    """Mark KILLED (tag `killed_because`) the runs of this config still RUNNING, but `keep`. The caller holds the
+    config's lock, which a live job recording such a run would hold: their process is gone."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return
+    query = f"tags.config_key = '{config_key}' and attributes.status = 'RUNNING'"
+    for run in client.search_runs([found.experiment_id], query):
+        if run.info.run_id != keep:
+            client.set_tag(run.info.run_id, "killed_because", ORPHANED)
+            client.set_terminated(run.info.run_id, "KILLED")
+            log.warning("run %s of this config was left RUNNING by a process now gone: marked KILLED", run.info.run_id)
 
 
 class RunLogger(MLFlowLogger):

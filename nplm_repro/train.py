@@ -32,11 +32,12 @@ from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
 from nplm_repro.module import NPLMModule
 from nplm_repro.ngram import DeletedInterpolation, NgramModel, perplexity_of
-from nplm_repro.sweep import launcher_threads, mlp_lock
+from nplm_repro.sweep import config_lock, ends_sweeps, launcher_threads, mlp_lock
 from nplm_repro.tracking import (
     RunLogger,
     check_store,
     config_key,
+    end_orphans,
     find_finished,
     find_resumable,
     model_key,
@@ -131,14 +132,16 @@ def base_run(cfg: DictConfig, corpus: Corpus) -> str:
         log.info("no finished run of this MLP (model_key %s) yet: training it first, as a run of its own", key)
         unmixed = cfg.copy()
         unmixed.model.mix, unmixed.row = "none", None
-        return record(unmixed, corpus, config_key(unmixed, corpus))[0]
+        unmixed_key = config_key(unmixed, corpus)
+        with config_lock(unmixed_key):
+            return record(unmixed, corpus, unmixed_key)[0]
 
 
 def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns its run id and metrics.
 
     A job whose config and data already have a FINISHED run (tag config_key) returns that run, unless
-    `rerun=true`.
+    `rerun=true`. The config's lock is held from the search to the end of the run (see `record`).
     """
     check_config(cfg)
     check_store(cfg.tracking.uri)
@@ -149,7 +152,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     corpus = load_corpus(cfg.data)
     key = config_key(cfg, corpus)
     trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
-    with mlp_lock(model_key(cfg, corpus)) if trains_mlp else contextlib.nullcontext():
+    with mlp_lock(model_key(cfg, corpus)) if trains_mlp else contextlib.nullcontext(), config_lock(key):
         found = None if cfg.rerun else find_finished(cfg.tracking.uri, cfg.tracking.experiment, config_key=key)
         if found:
             return reuse(cfg, found)
@@ -173,8 +176,11 @@ def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
 def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, float]]:
     """Fit or train the model and record it as one MLflow run (tagged with its config_key).
 
-    An MLP whose last run of this config was killed (KILLED, or left RUNNING by `kill -9`) continues from that
-    run's last checkpoint, in that run, unless `rerun=true`. A failed run gets the tag `error` and error.txt.
+    The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
+    out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
+    from that run's last checkpoint, in that run, unless `rerun=true`; other RUNNING runs of the config are
+    marked KILLED, or the report would show them running forever. A failed run gets the tag `error` and
+    error.txt.
     """
     L.seed_everything(cfg.seed, workers=True)
     resume = None
@@ -192,6 +198,7 @@ def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, fl
     else:
         base = base_run(cfg, corpus)
         fit, tags = functools.partial(mix_with_trigram, base=base), {"base_run_id": base}
+    end_orphans(cfg.tracking.uri, cfg.tracking.experiment, key, keep=resume[0] if resume else None)
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
         metrics = fit(cfg, corpus, logger)
@@ -211,12 +218,12 @@ def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, fl
 @hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
     keep_freed_memory()
-    sigterm_interrupts()
+    sigterm_interrupts()  # in joblib's and submitit's workers too, which run only this function
     with contextlib.nullcontext() if HydraConfig.get().mode == RunMode.MULTIRUN else bad_input_exits():
         run(cfg)
 
 
-main = cli(_main)
+main = cli(ends_sweeps(_main))
 
 if __name__ == "__main__":
     main()

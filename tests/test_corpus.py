@@ -1,10 +1,14 @@
-"""The Brown preprocessing facts on the real zip, the windows, and the corpus errors."""
+"""The Brown preprocessing facts on the real zip, the windows, and the corpus errors (also through `nplm-train`)."""
 
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from nplm_repro.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus, find_brown, prepare_brown
 from nplm_repro.errors import NplmError
@@ -87,8 +91,24 @@ def test_shuffle_is_seeded_and_changes_each_pass() -> None:
 def test_missing_corpus_lists_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
     with pytest.raises(NplmError, match="not found.*nltk.*nltk.downloader brown") as error:
-        find_brown(tmp_path / "nowhere.zip")
+        find_brown(None)
     assert "\n" not in str(error.value)
+
+
+def test_configured_path_that_does_not_exist_is_an_error_even_if_nltk_has_brown(
+    brown_path: Path, tmp_path: Path
+) -> None:
+    """A typo in data.path must not quietly train on another copy of the corpus."""
+    import nltk.data
+
+    (tmp_path / "corpora").mkdir()
+    (tmp_path / "corpora" / "brown.zip").symlink_to(brown_path)
+    nltk.data.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(NplmError, match=f"not found \\(looked in: {tmp_path}/typo.zip\\);"):
+            find_brown(tmp_path / "typo.zip")
+    finally:
+        nltk.data.path.remove(str(tmp_path))
 
 
 def test_found_in_nltk_data_when_not_configured(brown_path: Path, tmp_path: Path) -> None:
@@ -122,3 +142,44 @@ def test_zip_without_texts_is_one_clear_error(tmp_path: Path) -> None:
 def test_corpus_smaller_than_the_splits_is_refused(brown_path: Path) -> None:
     with pytest.raises(NplmError, match="too few"):
         prepare_brown(str(brown_path), train=1_000_000, valid=200_000)
+
+
+def brown_zip(path: Path, texts: dict[str, str]) -> str:
+    """A zip laid out as NLTK's brown.zip, holding these texts."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in texts.items():
+            archive.writestr(f"brown/{name}", text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("missing", "Brown corpus not found (looked in: {tmp}/nowhere.zip); "),
+        ("truncated", "{tmp}/brown.zip: corrupt or truncated zip ("),
+        pytest.param("no texts", "{tmp}/brown.zip: no Brown texts (ca01..cr09) found; ", marks=pytest.mark.slow),
+        pytest.param("empty", "{tmp}/brown.zip: the corpus is empty (no words in 1 texts)", marks=pytest.mark.slow),
+        pytest.param("too small", "the corpus has 4 tokens, too few for the requested splits ", marks=pytest.mark.slow),
+    ],
+)
+def test_bad_corpus_is_one_line_exit_2_and_no_run(case: str, message: str, brown_path: Path, tmp_path: Path) -> None:
+    """`nplm-train` as a user runs it: the corpus is read before any MLflow run is opened, so none is left."""
+    corpus = tmp_path / "brown.zip"
+    if case == "missing":
+        corpus = tmp_path / "nowhere.zip"
+    elif case == "truncated":
+        corpus.write_bytes(brown_path.read_bytes()[:100_000])
+    else:
+        texts = {"no texts": {"README": "nothing"}, "empty": {"ca01": "\n\n"}, "too small": {"ca01": "a/at b/nn\n"}}
+        brown_zip(corpus, texts[case])
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [str(Path(sys.executable).parent / "nplm-train"), f"data.path={corpus}", f"tracking.uri={uri}"]
+    env = {**os.environ, "NLTK_DATA": str(tmp_path / "nltk")}  # not found elsewhere either
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("nplm-train: error: " + message.format(tmp=tmp_path)), lines[-1]
+    assert [line for line in lines if "error" in line.lower()] == [lines[-1]] and "Traceback" not in result.stderr
+    client = MlflowClient(uri)
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])  # none left RUNNING
+    assert not list(tmp_path.glob("outputs/*/*/checkpoints"))

@@ -1,9 +1,12 @@
 """Interrupted and failing runs, with real processes and a real MLflow store: nothing is lost, nothing lies.
 
-A run is stopped by SIGKILL, SIGTERM or Ctrl-C (SIGINT) after its first epoch's checkpoint; the same command
-continues it in the same MLflow run and ends where an uninterrupted run of the same seed ends.
+A run is stopped by SIGKILL, SIGTERM or Ctrl-C (SIGINT) in the middle of its second epoch; the same command
+continues it in the same MLflow run from epoch 1's checkpoint and ends where an uninterrupted run of the same
+seed ends. A run killed before any checkpoint is marked KILLED by the next run of its command.
 """
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +18,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from nplm_repro.errors import NplmError
 from nplm_repro.report import build
+from nplm_repro.tracking import ORPHANED
 
 SLICE = ["data.split.train=60000", "data.split.valid=5000", "data.split.test=5000"]
 SMALL = [*SLICE, "+experiment=mlp3", "model.m=8", "trainer.max_epochs=3", "seed=5", "trainer.enable_progress_bar=false"]
@@ -29,6 +34,16 @@ def command(brown_path: Path, uri: str, *overrides: str) -> list[str]:
 def runs(uri: str, experiment: str = "brown") -> list[mlflow.entities.Run]:
     client = MlflowClient(uri)
     return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def runs_if_any(uri: str) -> list[mlflow.entities.Run]:
+    """The runs of experiment brown, none while the store or the experiment does not exist yet."""
+    client = MlflowClient(uri)
+    try:
+        experiment = client.get_experiment_by_name("brown")
+    except Exception:  # the store's tables are being created by the process under test
+        return []
+    return client.search_runs([experiment.experiment_id]) if experiment else []
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +60,23 @@ def stderr_tail(result: subprocess.CompletedProcess) -> str:
     return result.stderr[-3000:]
 
 
-def stop_after_first_checkpoint(args: list[str], workdir: Path, how: signal.Signals) -> subprocess.CompletedProcess:
-    """Start the command; once epoch 1's last.ckpt exists, send `how` (training is then in epoch 2)."""
+def stop_mid_second_epoch(args: list[str], workdir: Path, uri: str, how: signal.Signals) -> subprocess.CompletedProcess:
+    """Start the command; once epoch 1's last.ckpt exists and MLflow holds a training step past it
+    (train_loss_step, every 50 steps of about 235 an epoch), send `how`: training is then inside epoch 2."""
     process = subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not list(workdir.glob("outputs/*/*/checkpoints/last.ckpt")):
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
-        time.sleep(0.02)
+
+    def wait() -> None:
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before epoch 2 was under way"
+        time.sleep(0.05)
+
+    while not (checkpoints := list(workdir.glob("outputs/*/*/checkpoints/last.ckpt"))):
+        wait()
+    saved_at = torch.load(checkpoints[0], weights_only=False)["global_step"]
+    (run,) = runs(uri)
+    client = MlflowClient(uri)
+    while max((m.step for m in client.get_metric_history(run.info.run_id, "train_loss_step")), default=0) <= saved_at:
+        wait()
     process.send_signal(how)
     stdout, stderr = process.communicate(timeout=120)
     return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
@@ -74,17 +99,19 @@ def test_stopped_run_resumes_in_the_same_run_and_ends_as_an_uninterrupted_one(
     tmp_path: Path,
 ) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    stopped = stop_after_first_checkpoint(command(brown_path, uri), tmp_path, how)
+    stopped = stop_mid_second_epoch(command(brown_path, uri), tmp_path, uri, how)
     assert stopped.returncode == exit_code, stderr_tail(stopped)
     if how != signal.SIGKILL:
         assert stopped.stderr.strip().splitlines()[-1] == "nplm-train: interrupted (a run being recorded is now KILLED)"
     (run,) = runs(uri)
     assert run.info.status == status  # kill -9 gives no chance to mark it: RUNNING, with its process gone
     client = MlflowClient(uri)
-    epochs_before = len(client.get_metric_history(run.info.run_id, "valid_ppl_epoch"))
-    assert 1 <= epochs_before < 3
+    assert len(client.get_metric_history(run.info.run_id, "valid_ppl_epoch")) == 1  # epoch 2 never ended
     last = Path(run.data.tags["checkpoint_dir"]) / "last.ckpt"
-    assert torch.load(last, weights_only=False)["epoch"] == epochs_before - 1  # usable: written atomically
+    saved = torch.load(last, weights_only=False)  # usable: written atomically
+    assert saved["epoch"] == 0
+    trained = max(m.step for m in client.get_metric_history(run.info.run_id, "train_loss_step"))
+    assert trained > saved["global_step"]  # steps of epoch 2 ran after the checkpoint: they are lost, and redone
     assert not [p for p in last.parent.iterdir() if p.suffix != ".ckpt"]  # no half-written temporary left
 
     resumed = subprocess.run(command(brown_path, uri), cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -102,7 +129,7 @@ def test_stopped_run_resumes_in_the_same_run_and_ends_as_an_uninterrupted_one(
 @pytest.mark.slow
 def test_rerun_true_starts_afresh_instead_of_resuming(brown_path: Path, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    stopped = stop_after_first_checkpoint(command(brown_path, uri), tmp_path, signal.SIGINT)
+    stopped = stop_mid_second_epoch(command(brown_path, uri), tmp_path, uri, signal.SIGINT)
     assert stopped.returncode == 130, stderr_tail(stopped)
     fresh = subprocess.run(
         command(brown_path, uri, "rerun=true", "trainer.max_epochs=1"), cwd=tmp_path, capture_output=True, text=True
@@ -110,6 +137,44 @@ def test_rerun_true_starts_afresh_instead_of_resuming(brown_path: Path, tmp_path
     assert fresh.returncode == 0, stderr_tail(fresh)
     assert "resuming" not in fresh.stderr
     assert sorted(r.info.status for r in runs(uri)) == ["FINISHED", "KILLED"]
+
+
+@pytest.mark.parametrize(
+    "overrides,progress,study",
+    [
+        (["+experiment=class_n3_c150"], "exchange c=150 pass 1:", "brown_table1"),  # an n-gram row, clustering
+        (["+experiment=mlp3", "model.m=8", "trainer.max_epochs=1"], "MLflow run ", "adhoc"),  # before a checkpoint
+    ],
+)
+@pytest.mark.slow
+def test_run_killed_without_checkpoint_is_marked_killed_by_the_next_run(
+    overrides: list[str], progress: str, study: str, brown_path: Path, tmp_path: Path
+) -> None:
+    """kill -9 leaves the run RUNNING; the same command proves it orphaned (it holds the config's lock), marks it
+    KILLED and records a new run, so the report shows a finished row and the killed run, nothing running."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [NPLM_TRAIN, f"data.path={brown_path}", *SLICE, *overrides, f"tracking.uri={uri}"]
+    args.append("trainer.enable_progress_bar=false")
+    env = {**os.environ, "NPLM_CACHE": str(tmp_path / "cache")}  # no clustering cached by an earlier run
+    process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    assert any(progress in line for line in process.stdout), "the job ended before it was under way"
+    process.kill()
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    (orphan,) = runs(uri)
+    assert orphan.info.status == "RUNNING" and not list(tmp_path.glob("outputs/*/*/checkpoints/*.ckpt"))
+
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0, stderr_tail(again)
+    assert f"run {orphan.info.run_id} of this config was left RUNNING by a process now gone" in again.stdout
+    by_id = {r.info.run_id: r for r in runs(uri)}
+    killed = by_id.pop(orphan.info.run_id)
+    assert killed.info.status == "KILLED" and killed.data.tags["killed_because"] == ORPHANED
+    (new,) = by_id.values()
+    assert new.info.status == "FINISHED" and new.data.tags["config_key"] == killed.data.tags["config_key"]
+    report = build(uri, "brown", study)
+    assert report.running.empty and list(report.failed["run_id"]) == [killed.info.run_id]
+    assert list(report.table["status"]).count("finished") == 1 and "running" not in set(report.table["status"])
 
 
 @pytest.mark.slow
@@ -131,6 +196,59 @@ def test_diverging_job_fails_with_its_error_and_the_sweep_completes(brown_path: 
     assert "Traceback" in Path(error).read_text()
     report = build(uri, "brown", "brown_table1")
     assert report.table.set_index("row").loc["MLP3", "status"] == "failed"
+    written = (tmp_path / "reports" / "brown_table1.md").read_text()  # by the sweep, though Hydra skipped its end
+    assert re.search(r"^\| MLP3 .*\| +failed \|", written, re.MULTILINE)
+    assert f"run {failed.info.run_name}, {failed.info.run_id[:8]}, seed 1): FAILED" in written
+
+
+def test_unexpected_error_is_one_line_and_a_failed_run_with_its_traceback(brown_path: Path, tmp_path: Path) -> None:
+    """A typo in an extra Trainer argument is a TypeError inside the run, not a bad value check_config knows."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = subprocess.run(
+        command(brown_path, uri, "+trainer.max_epoch=1"), cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("nplm-train: error: TypeError: ") and "'max_epoch'" in last
+    assert last.endswith("(HYDRA_FULL_ERROR=1 shows the traceback)")
+    (run,) = runs(uri)
+    assert run.info.status == "FAILED" and "'max_epoch'" in run.data.tags["error"]
+    error = MlflowClient(uri).download_artifacts(run.info.run_id, "error.txt", str(tmp_path))
+    assert "Traceback" in Path(error).read_text()
+
+
+@pytest.mark.slow
+def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_it(
+    brown_path: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the launching process while two MLP jobs train (joblib): the parent run ends KILLED, not RUNNING.
+    joblib kills its workers outright, so their runs stay RUNNING (the report says so) until the same command
+    resumes or marks them; it then finishes every job, and nothing is left running."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    sweep = [NPLM_TRAIN, "-cd", str(Path(__file__).resolve().parents[1] / "sweeps"), "-cn", "brown_table1"]
+    sweep += [f"data.path={brown_path}", *SLICE, "+experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
+    sweep += ["trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
+    process = subprocess.Popen(sweep, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len([r for r in runs_if_any(uri) if r.info.status == "RUNNING"]) < 3:  # the parent and both jobs
+        assert process.poll() is None and time.monotonic() < deadline, "the sweep ended before its jobs were running"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert stderr.strip().splitlines()[-1] == "nplm-train: interrupted (a run being recorded is now KILLED)"
+    by_seed = {r.data.params.get("seed", "parent"): r for r in runs(uri)}
+    assert by_seed.pop("parent").info.status == "KILLED"
+    assert {r.info.status for r in by_seed.values()} == {"RUNNING"}
+    with pytest.raises(NplmError, match=r"no finished runs .*\(2 RUNNING\)"):  # never numbers for them
+        build(uri, "brown", "brown_table1")
+
+    again = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, stderr_tail(again)
+    after = runs(uri)
+    assert [r.info.status for r in after if r.data.tags.get("sweep")] == ["FINISHED"]  # the same parent run
+    finished = sorted(r.data.params["seed"] for r in after if r.info.status == "FINISHED" and "seed" in r.data.params)
+    assert finished == ["1", "2"] and {r.info.status for r in after} <= {"FINISHED", "KILLED"}  # none RUNNING
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from nplm_repro.config import check_config
 from nplm_repro.errors import NplmError
+from nplm_repro.report import build
 from nplm_repro.sweep import mlp_lock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +177,7 @@ def test_submitit_local_executor_nests_and_resumes(brown_path: Path, tmp_path: P
     assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
     assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["status"] == "FINISHED").all()
     assert list(Path(parent["tags.sweep_dir"]).glob(".submitit/*"))  # the jobs went through submitit
-    assert all("torch threads 1" in log for log in job_logs(tmp_path))  # cpus_per_task: 1
+    assert len(logs := job_logs(tmp_path)) == 2 and all("torch threads 1" in log for log in logs)  # cpus_per_task: 1
     nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
     assert len(runs_of(uri)) == 3  # the second sweep found both jobs done
     assert sum(log.count("skipped: run") for log in job_logs(tmp_path)) == 2
@@ -184,10 +185,10 @@ def test_submitit_local_executor_nests_and_resumes(brown_path: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_default_sqlite_store_loses_nothing_with_parallel_jobs(brown_path: Path, tmp_path: Path) -> None:
-    """8 short trainings, 2 at a time (joblib), into the default embedded store ./mlflow.db: every run, param and
-    metric lands, and no job meets "database is locked"."""
+    """8 short trainings of MLP3, 2 at a time (joblib), into the default embedded store ./mlflow.db: every run,
+    param and metric lands, no job meets "database is locked", and the report afterwards sees all 8 seeds."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    overrides = ["+experiment=mlp3", "model.m=8", "seed=range(1,9)", f"data.path={brown_path}", *SLICE, *TINY_MLP]
+    overrides = ["+experiment=mlp3", "seed=range(1,9)", f"data.path={brown_path}", *SLICE, *TINY_MLP]
     output = nplm_sweep(tmp_path, "brown_table1", *overrides, env=env)
     assert (tmp_path / "mlflow.db").exists() and "database is locked" not in output + "".join(job_logs(tmp_path))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -200,6 +201,11 @@ def test_default_sqlite_store_loses_nothing_with_parallel_jobs(brown_path: Path,
         metrics = client.get_run(run_id).data.metrics
         assert {"train_ppl", "valid_ppl", "test_ppl", "valid_ppl_epoch", "train_tokens_per_s"} <= set(metrics)
         assert len(client.get_metric_history(run_id, "valid_ppl_epoch")) == 1
+    report = build(uri, "brown", "brown_table1")
+    mlp3 = report.table.set_index("row").loc["MLP3"]
+    assert mlp3["status"] == "finished" and mlp3["seeds"] == 8
+    assert sorted(mlp3["run_ids"].split()) == sorted(jobs["run_id"])  # the mean and std are over every run
+    assert report.running.empty and report.failed.empty
 
 
 def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(brown_path: Path, tmp_path: Path) -> None:
