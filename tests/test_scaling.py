@@ -1,4 +1,5 @@
-"""Beyond one process: a real `mlflow server` over HTTP (SQLite, and PostgreSQL where it is installed), and DDP."""
+"""Beyond one process: a real `mlflow server` over HTTP (SQLite, and PostgreSQL where it is installed), the SLURM
+launcher's resources as config, and DDP."""
 
 import contextlib
 import importlib.util
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -72,7 +75,7 @@ def postgres() -> Iterator[str]:
     start = [*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(home / "log"), "-w", "start"]
     subprocess.run(start, check=True, capture_output=True)
     try:
-        yield f"postgresql://nplm@127.0.0.1:{port}/postgres"
+        yield f"postgresql+psycopg://nplm@127.0.0.1:{port}/postgres"  # the driver named, not SQLAlchemy's default
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop"], capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
@@ -104,6 +107,28 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
         assert again.returncode == 0, again.stderr[-3000:]
     for name in ("brown_table1.md", "brown_table1.csv"):
         assert (tmp_path / "again" / name).read_text() == (tmp_path / "reports" / name).read_text()
+
+
+def test_slurm_launcher_takes_partition_time_cpus_gpus_and_memory_from_config() -> None:
+    """A sweep composed with `hydra/launcher=slurm` (hydra-submitit-launcher's SLURM executor), as "Scaling up" runs
+    it, without submitting: the resources are config values, conf/hydra/launcher/slurm.yaml's until the command
+    line sets them, and the sweep (its jobs, its MLflow callback) is the one the local launcher runs."""
+    resources = ("partition", "timeout_min", "cpus_per_task", "gpus_per_node", "mem_gb")
+
+    def hydra_of(*overrides: str) -> DictConfig:
+        with initialize_config_dir(config_dir=str(ROOT / "sweeps"), version_base="1.3"):
+            search = f"hydra.searchpath=[file://{ROOT / 'conf'}]"
+            return compose("ap_table2", overrides=[search, *overrides], return_hydra_config=True).hydra
+
+    slurm = hydra_of("hydra/launcher=slurm")
+    assert slurm.launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert [slurm.launcher[k] for k in resources] == [None, 240, 4, 0, 16]
+    values = ["cpu", 30, 2, 1, 8]
+    cli = [f"hydra.launcher.{k}={v}" for k, v in zip(resources, values)]
+    assert [hydra_of("hydra/launcher=slurm", *cli).launcher[k] for k in resources] == values
+    local = hydra_of()
+    assert local.launcher._target_.endswith("JoblibLauncher")
+    assert slurm.sweeper == local.sweeper and slurm.callbacks == local.callbacks and slurm.mode == local.mode
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """A user's plain-text corpus and the AP preprocessing: tokenisation, mappings, reading, errors, splits, the WSJ
-sample of ../shared/data/treebank.zip (raw and tagged), Brown read as text, and one nplm-train run on WSJ."""
+sample of ../shared/data/treebank.zip (raw and tagged), Brown read as text, and the ap_table2 sweep on WSJ."""
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -13,7 +14,6 @@ from hydra import compose, initialize_config_dir
 from nplm_repro.config import check_config
 from nplm_repro.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, read_brown
 from nplm_repro.errors import NplmError
-from nplm_repro.report import build, markdown
 from nplm_repro.text_corpus import AP_SPLIT, PROPER, TextCorpus, number_symbol, prepare_text, tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,10 +274,16 @@ def test_wsj_sample_raw_and_tagged(wsj: dict[str, TextCorpus]) -> None:
 
 
 def test_brown_read_as_text_is_the_brown_stream(brown_path: Path, tmp_path: Path) -> None:
-    """Brown's word/tag files through the text reader: the Brown reader's tokens, paragraphs and texts."""
+    """Brown's word/tag files through the text reader: the Brown reader's tokens, paragraphs and texts. Its words
+    without their tags, as plain text: the same stream, each word cut by `tokenize` (quotes and abbreviations' dots
+    apart). `data.tags=false` on the word/tag files reads them as plain text too: the tags become words."""
+    names = ("brown/ca01", "brown/ca02", "brown/cb01")
     with zipfile.ZipFile(brown_path) as archive:
-        for name in ("brown/ca01", "brown/ca02", "brown/cb01"):
-            write(tmp_path / name, archive.read(name))
+        for name in names:
+            raw = archive.read(name)
+            write(tmp_path / name, raw)
+            untagged = (" ".join(i.rsplit("/", 1)[0] for i in line.split()) for line in raw.decode().splitlines())
+            write(tmp_path / "plain" / name, "\n".join(untagged))
     tokens, counted = read_brown(tmp_path / "brown")
     corpus = prepare_text(str(tmp_path / "brown"), max_unk_freq=0, vocab_from="stream", train=5000, valid=1000)
     assert words(corpus) == tokens and corpus.counts["tagged_files"] == 3
@@ -285,25 +291,53 @@ def test_brown_read_as_text_is_the_brown_stream(brown_path: Path, tmp_path: Path
     proper = prepare_text(str(tmp_path / "brown"), proper_nouns=True, train=5000, valid=1000)
     assert words(proper)[:4] == ["The", PROPER, "County", "Grand"]  # The/at Fulton/np-tl County/nn-tl: tags decide
 
+    plain = prepare_text(str(tmp_path / "plain" / "brown"), max_unk_freq=0, vocab_from="stream", train=5000, valid=1000)
+    marks = (END_OF_PARAGRAPH, END_OF_TEXT)
+    assert words(plain) == [t for w in tokens for t in ([w] if w in marks else tokenize(w))]
+    assert plain.counts["tagged_files"] == 0 and plain.counts["paragraphs"] == counted["paragraphs"]
+    assert sum(tokenize(w) == [w] for w in tokens if w not in marks) / counted["words"] > 0.95  # `` '' -- Sen. J.
+    as_text = prepare_text(str(tmp_path / "brown"), tags=False, train=5000, valid=1000)
+    assert words(as_text)[:7] == ["The", "/", "at", "Fulton", "/", "np-tl", "County"]
+    assert as_text.counts["tagged_files"] == 0 and as_text.counts["paragraphs"] == counted["paragraphs"]
+    assert words(as_text).count("/") >= counted["words"]  # every word/tag item cut at its slash
 
-def test_ap_table2_row_end_to_end_on_wsj(treebank: Path, wsj: dict[str, TextCorpus], tmp_path: Path) -> None:
-    """`nplm-train` with data=ap on the WSJ sample: a Kneser-Ney row lands in experiment `ap` with what was counted,
-    and the ap_table2 report names the corpus it was run on."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    data = ["data=ap", f"data.path={treebank}", "data.members=treebank/raw/wsj_", "data.encoding=latin-1"]
-    command = [sys.executable, "-m", "nplm_repro.train", *data, "+experiment=kn3", f"tracking.uri={uri}"]
-    result = subprocess.run(command, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=1800)
+
+@pytest.mark.slow
+def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
+    treebank: Path, wsj: dict[str, TextCorpus], tmp_path: Path
+) -> None:
+    """The README's one command for Table 2 (`nplm-train -cd sweeps -cn ap_table2`) on the WSJ sample, narrowed to
+    MLP10 (a tiny MLP, then its mixture with the trigram) and Kneser-Ney n=3: the jobs land in experiment `ap` with
+    what was counted, and the sweep ends by writing reports/ap_table2.* with our numbers, the paper's beside them,
+    and the corpus it ran on named."""
+    uri, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "out"
+    command = [str(Path(sys.executable).parent / "nplm-train"), "-cd", str(ROOT / "sweeps"), "-cn", "ap_table2"]
+    command += [f"data.path={treebank}", "data.members=treebank/raw/wsj_", "data.encoding=latin-1"]
+    command += ["+experiment=ap_mlp10,kn3", "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
+    command += [f"tracking.uri={uri}", f"report={out}"]
+    result = subprocess.run(command, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
-    run = mlflow.search_runs(experiment_names=["ap"]).iloc[0]
+    runs = mlflow.search_runs(experiment_names=["ap"])
+    assert (runs["status"] == "FINISHED").all() and (runs["tags.sweep"] == "true").sum() == 1
+    jobs = runs[runs["tags.row"].notna()].set_index("tags.row")
+    assert sorted(jobs.index) == ["Kneser-Ney back-off", "MLP10"]
     corpus = wsj["raw"]
-    assert run["status"] == "FINISHED" and run["tags.row"] == "Kneser-Ney back-off"
-    assert run["tags.data_fingerprint"] == corpus.fingerprint and run["tags.corpus"] == "ap"
-    assert run["tags.data_source"] == "treebank.zip (treebank/raw/wsj_*)"
-    assert run["tags.count.proper_tokens"] == str(corpus.counts["proper_tokens"])
-    assert run["metrics.test_tokens"] == corpus.size("test") and 1 < run["metrics.test_ppl"] < corpus.vocab_size
-    report = build(uri, "ap", "ap_table2")
-    text = markdown(report, [])
-    assert "our runs on corpus ap, read from treebank.zip (treebank/raw/wsj_*)" in text
-    assert "the paper's numbers are on AP News 1995-96" in text
-    assert report.table.loc[report.table["status"] == "finished", "label"].tolist() == ["Kneser-Ney back-off n=3"]
+    assert (jobs["tags.data_fingerprint"] == corpus.fingerprint).all() and (jobs["tags.corpus"] == "ap").all()
+    assert (jobs["tags.data_source"] == "treebank.zip (treebank/raw/wsj_*)").all()
+    assert (jobs["tags.count.proper_tokens"] == str(corpus.counts["proper_tokens"])).all()
+    assert (jobs["metrics.test_tokens"] == corpus.size("test")).all()
+
+    assert {p.name for p in out.iterdir()} >= {f"ap_table2.{ext}" for ext in ("md", "tex", "csv", "html")}
+    md = (out / "ap_table2.md").read_text()
+    assert "our runs on corpus ap, read from treebank.zip (treebank/raw/wsj_*)" in md
+    assert "the paper's numbers are on AP News 1995-96" in md
+    paper = {"MLP10": (104, 109), "Kneser-Ney back-off": (121, 127)}  # PAPER.md, Table 2
+    for row, (paper_valid, paper_test) in paper.items():
+        line = next(line for line in md.splitlines() if re.match(rf"\| {row} +\| +(6|3) \|", line))
+        cells = [c.strip() for c in line.split("|")]
+        ours = jobs.loc[row]
+        assert float(cells[11]) == round(ours["metrics.valid_ppl"], 1) and cells[12] == str(paper_valid)
+        assert float(cells[14]) == round(ours["metrics.test_ppl"], 1) and cells[15] == str(paper_test)
+        assert 1 < ours["metrics.test_ppl"] < corpus.vocab_size
+    assert "## Missing (no run)\n\n- Del. Int.\n- Kneser-Ney back-off n=4\n- Kneser-Ney back-off n=5\n" in md
