@@ -55,6 +55,11 @@ class WindowBatches:
     def set_epoch(self, epoch: int) -> None:
         self.passes = epoch
 
+    def to(self, device: torch.device | str) -> WindowBatches:
+        """Keep the windows on `device` (a GPU): every batch is then gathered there, with no copy per batch."""
+        self.rows = self.rows.to(device)
+        return self
+
     def _process(self) -> tuple[int, int]:
         """(rank, world size) of this process when sharding in an initialised process group, else (0, 1)."""
         if self.shard and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -62,13 +67,14 @@ class WindowBatches:
         return 0, 1
 
     def __len__(self) -> int:
-        rank, world = self._process()
+        _, world = self._process()
         batches = math.ceil(len(self.rows) / self.batch_size)
         return batches if world == 1 else batches // world
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.shuffle:
-            order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + self.passes))
+            generator = torch.Generator().manual_seed(self.seed + self.passes)  # on the CPU: the same on any device
+            order = torch.randperm(len(self.rows), generator=generator).to(self.rows.device)
         else:
             order = None
         self.passes += 1

@@ -1,5 +1,6 @@
 """The fast path (bf16 training, allocator setting, benchmark) changes speed, not results."""
 
+import itertools
 import json
 import platform
 import subprocess
@@ -12,8 +13,10 @@ import torch
 from torch.nn import functional as F
 
 from nplm_repro.bf16_loss import bf16_cross_entropy
+from nplm_repro.corpus import Corpus
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.model import NPLM
+from nplm_repro.train import loader
 
 SHAPES = [(100, False), (50, True), (0, True)]
 
@@ -47,6 +50,7 @@ def test_bf16_loss_and_gradients_match_float32_cross_entropy(h: int, direct: boo
     assert fast.item() == pytest.approx(exact.item(), rel=1e-3)
     for name, p in model.named_parameters():  # bf16 rounding: about 0.2% of the gradient's norm
         assert (p.grad - grads[name]).norm() < 0.01 * grads[name].norm(), name
+        assert p.grad.dtype == torch.float32 and p.grad.is_contiguous(), name  # kept as is, never copied again
 
 
 def test_bf16_training_reaches_the_float32_perplexity(brown_path: Path, tmp_path: Path) -> None:
@@ -129,3 +133,53 @@ def test_bench_bad_value_is_one_line_and_exit_2(override: str, tmp_path: Path) -
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nplm-bench: error: bench.")
     assert result.stdout == ""
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_gpu_training_steps_never_wait_for_the_device(brown: Corpus) -> None:
+    """Windows on the GPU, batches gathered there, bf16 loss, fused SGD: no step synchronises with the host."""
+    batches = loader(brown, "train", 5, 256, shuffle=True, seed=1).to("cuda")
+    model = NPLM(brown.vocab_size, n=5, m=30, h=100, direct=False).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.28, weight_decay=1e-4, fused=True)
+    steps = iter(batches)
+    first = next(steps)  # the epoch's permutation is drawn on the CPU and copied to the device once, here
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for context, target in itertools.islice(itertools.chain([first], steps), 20):
+            assert context.is_cuda and target.is_cuda
+            bf16_cross_entropy(model.output_terms(context), model.b, target).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_nplm_train_on_gpu_scores_as_on_cpu(precision: str, brown_path: Path, tmp_path: Path) -> None:
+    """The same command on the GPU (accelerator auto picks it) and on the CPU: the same perplexities within 1%."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    for accelerator in ("auto", "cpu"):
+        result = script(
+            "nplm-train",
+            f"data.path={brown_path}",
+            "data.split.train=40000",
+            "data.split.valid=10000",
+            "data.split.test=1000",
+            "+experiment=mlp9",
+            "trainer.max_epochs=1",
+            f"trainer.precision={precision}",
+            f"trainer.accelerator={accelerator}",
+            f"tracking.uri={uri}",
+            f"hydra.run.dir={tmp_path}/{accelerator}",
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+    ppl = {r.data.params["trainer.accelerator"]: r.data.metrics["valid_ppl"] for r in runs}
+    assert ppl["auto"] == pytest.approx(ppl["cpu"], rel=0.01)
