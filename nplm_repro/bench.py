@@ -13,10 +13,10 @@ layer's own matrix products measured by this process in the same dtype, so the t
 - baseline: a straightforward PyTorch implementation of the same model (map-style Dataset of windows,
   shuffled DataLoader, nn.Embedding + nn.Linear, CrossEntropyLoss, plain SGD, float32): the reference;
 - train: our LightningModule in a real Trainer, for each precision in `bench.precisions`;
-- eval: the exact float32 perplexity of the whole validation split, as every run computes it;
+- eval: the exact float32 perplexity of the whole validation split, as every run computes it (Trainer.validate);
 - ngram: fit on train and score train, valid and test, for each row in `bench.ngram_rows`;
-- mixture: EM of the learned and context-conditioned mixtures with the interpolated trigram on valid, then
-  scoring valid and test, given the MLP's token probabilities (as a mixed row reuses a trained MLP).
+- mixture: the MLP's probability of every valid and test token (`probs` lines), then EM of the learned and
+  context-conditioned mixtures with the interpolated trigram on valid and scoring valid and test with them.
 Run it on a quiet machine: numbers move with load, which is why each line is measured in the same run.
 """
 
@@ -183,6 +183,23 @@ def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[s
     return {"tokens_per_s": timer.tokens / seconds, "seconds": seconds, "tokens": timer.tokens}, module
 
 
+def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> tuple[float, float]:
+    """Perplexity of the whole validation split as every run scores it (Trainer.validate, validation_step), and
+    the seconds it took."""
+    trainer = L.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    start = time.perf_counter()
+    (metrics,) = trainer.validate(
+        module, loader(corpus, "valid", module.model.n, cfg.data.eval_batch_size), verbose=False
+    )
+    return metrics["valid_ppl_epoch"], time.perf_counter() - start
+
+
 def split_probs(module: NPLMModule, corpus: Corpus, split: str, batch_size: int) -> tuple[np.ndarray, float]:
     """P(w_t | context) of every token of the split (exact float32 softmax) and the seconds it took."""
     start = time.perf_counter()
@@ -272,24 +289,26 @@ def bench(cfg: DictConfig) -> None:
                 matmul_gflops=rates[dtype],
                 **shape,
             )
-    if module is not None and ("eval" in what or "mixture" in what):
+    if module is not None and "eval" in what:
+        ppl, seconds = validate(cfg, module, corpus)
+        tokens = corpus.size("valid")
+        emit(
+            "eval valid float32",
+            tokens_per_s=tokens / seconds,
+            seconds=seconds,
+            tokens=tokens,
+            batch=cfg.data.eval_batch_size,
+            achieved_gflops=tokens / seconds * eval_flops,
+            matmul_gflops=rates["float32"],
+            ppl=float(ppl),
+            **shape,
+        )
+    if module is not None and "mixture" in what:
         mlp = {}
-        for split in ("valid", "test") if "mixture" in what else ("valid",):
+        for split in ("valid", "test"):
             mlp[split], seconds = split_probs(module, corpus, split, cfg.data.eval_batch_size)
-            tokens = len(mlp[split])
-            emit(
-                f"eval {split} float32",
-                tokens_per_s=tokens / seconds,
-                seconds=seconds,
-                tokens=tokens,
-                batch=cfg.data.eval_batch_size,
-                achieved_gflops=tokens / seconds * eval_flops,
-                matmul_gflops=rates["float32"],
-                ppl=perplexity_of(mlp[split]),
-                **shape,
-            )
-        if "mixture" in what:
-            bench_mixture(corpus, mlp)
+            emit(f"probs {split} float32", tokens_per_s=len(mlp[split]) / seconds, seconds=seconds, **shape)
+        bench_mixture(corpus, mlp)
     if "ngram" in what:
         bench_ngrams(cfg, corpus)
 
