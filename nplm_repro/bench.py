@@ -46,7 +46,7 @@ from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
 from nplm_repro.module import NPLMModule
 from nplm_repro.ngram import DeletedInterpolation, perplexity_of
-from nplm_repro.train import loader
+from nplm_repro.train import loader, token_probs
 
 log = logging.getLogger(__name__)
 
@@ -200,17 +200,6 @@ def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> tuple[float
     return metrics["valid_ppl_epoch"], time.perf_counter() - start
 
 
-def split_probs(module: NPLMModule, corpus: Corpus, split: str, batch_size: int) -> tuple[np.ndarray, float]:
-    """P(w_t | context) of every token of the split (exact float32 softmax) and the seconds it took."""
-    start = time.perf_counter()
-    module.eval()
-    with torch.inference_mode():
-        probs = [
-            module.predict_step(batch, i) for i, batch in enumerate(loader(corpus, split, module.model.n, batch_size))
-        ]
-    return torch.cat(probs).numpy(), time.perf_counter() - start
-
-
 def bench_ngrams(cfg: DictConfig, corpus: Corpus) -> None:
     for row in cfg.bench.ngram_rows:
         model_cfg = hydra.compose("config", overrides=[f"+experiment={row}"]).model
@@ -304,9 +293,11 @@ def bench(cfg: DictConfig) -> None:
             **shape,
         )
     if module is not None and "mixture" in what:
-        mlp = {}
+        mlp, quiet = {}, OmegaConf.merge(cfg, {"trainer": {"enable_progress_bar": False}})  # stdout is for JSON
         for split in ("valid", "test"):
-            mlp[split], seconds = split_probs(module, corpus, split, cfg.data.eval_batch_size)
+            start = time.perf_counter()
+            mlp[split] = token_probs(quiet, module, corpus, split)
+            seconds = time.perf_counter() - start
             emit(f"probs {split} float32", tokens_per_s=len(mlp[split]) / seconds, seconds=seconds, **shape)
         bench_mixture(corpus, mlp)
     if "ngram" in what:

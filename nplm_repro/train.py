@@ -18,6 +18,7 @@ from pathlib import Path
 import hydra
 import lightning as L
 import mlflow
+import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -30,7 +31,7 @@ from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
 from nplm_repro.errors import interrupted, sigterm_interrupts
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
-from nplm_repro.module import NPLMModule
+from nplm_repro.module import NPLMModule, TokenProbs
 from nplm_repro.ngram import DeletedInterpolation, NgramModel, perplexity_of
 from nplm_repro.sweep import config_lock, ends_sweeps, launcher_threads, mlp_lock
 from nplm_repro.tracking import (
@@ -95,18 +96,22 @@ def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, f
     return metrics
 
 
+def token_probs(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str) -> np.ndarray:
+    """P(w_t | context) of every token of a split, float64, in order (Trainer.predict in this process)."""
+    writer = TokenProbs(corpus.size(split))
+    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto"}
+    trainer = L.Trainer(**one_device, logger=False, enable_checkpointing=False, callbacks=[writer])
+    trainer.predict(module, loader(corpus, split, cfg.model.n, cfg.data.eval_batch_size), return_predictions=False)
+    return writer.probs.numpy()
+
+
 def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: RunLogger, base: str) -> dict[str, float]:
     """Mix the MLP of finished run `base` with the interpolated trigram on valid and test (no retraining)."""
     path = mlflow.artifacts.download_artifacts(
         run_id=base, artifact_path="checkpoints/best.ckpt", tracking_uri=cfg.tracking.uri
     )
     module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
-    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto"}  # predictions in this process, in order
-    trainer = L.Trainer(**one_device, logger=False, enable_checkpointing=False)
-    mlp = {
-        split: torch.cat(trainer.predict(module, loader(corpus, split, cfg.model.n, cfg.data.eval_batch_size))).numpy()
-        for split in ("valid", "test")
-    }
+    mlp = {split: token_probs(cfg, module, corpus, split) for split in ("valid", "test")}
     mixture = TrigramMixture(cfg.model.mix, DeletedInterpolation().fit(corpus)).fit(corpus, mlp["valid"])
     metrics: dict[str, float] = {}
     for split, probs in mlp.items():
