@@ -376,6 +376,19 @@ def no_finished_runs(uri: str) -> None:
     log_run(client, brown, ("+experiment=mlp3",), 1, status="FAILED")
 
 
+def no_paper_row(uri: str) -> None:
+    """A finished run of the study whose columns are no row of the paper's table (MLP3 with m=8)."""
+    client = MlflowClient(uri)
+    log_run(
+        client,
+        client.create_experiment("brown"),
+        ("+experiment=mlp3", "model.m=8"),
+        0,
+        ppl=(1, 2, 3),
+        study="brown_table1",
+    )
+
+
 def foreign_runs(uri: str) -> None:
     client = MlflowClient(uri)
     created = client.create_run(client.create_experiment("brown"), tags={"team": "vision"})
@@ -393,9 +406,16 @@ def nothing(uri: str) -> None:
         (None, "no tracking store at "),
         (nothing, "no runs to report: the store has no experiment 'brown' (it has only Default)"),
         (no_finished_runs, "no finished runs of study 'brown_table1' in experiment 'brown' (1 FAILED, 1 RUNNING)"),
+        (
+            no_paper_row,
+            (
+                "no finished run of study 'brown_table1' in experiment 'brown' has the columns of a row of the "
+                "paper's table (1 finished runs with other columns)"
+            ),
+        ),
         (foreign_runs, "experiment 'brown' holds no nplm-repro runs (none of its 1 runs has a data_fingerprint tag)"),
     ],
-    ids=["missing-store", "empty-store", "no-finished-runs", "foreign-experiment"],
+    ids=["missing-store", "empty-store", "no-finished-runs", "no-paper-row", "foreign-experiment"],
 )
 def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_written(
     fill: Callable[[str], None] | None, message: str, empty_store: Path, tmp_path: Path
