@@ -78,8 +78,9 @@ def _best_on_valid(values: dict[str, tuple[float, float]], labels: list[str]) ->
     return min(candidates, key=lambda label: values[label][0]) if candidates else None
 
 
-def _margin(numbers: Numbers, text: str, baselines: list[str]) -> Claim:
-    """The MLP best on validation against the best of `baselines` on validation, on test: the baseline's excess."""
+def _margin(numbers: Numbers, text: str, baselines: list[str], at_least: float = 0.0) -> Claim:
+    """The MLP best on validation against the best of `baselines` on validation, on test: the baseline's test
+    perplexity must exceed the MLP's by `at_least` (a ratio, 0.2 = 20%)."""
     mlps = [label for label, family in numbers.family.items() if family == "mlp"]
 
     def excess(values: dict[str, tuple[float, float]], fmt: str) -> tuple[float | None, str]:
@@ -97,7 +98,7 @@ def _margin(numbers: Numbers, text: str, baselines: list[str]) -> Claim:
     missing = [label for label in mlps + baselines if label not in numbers.ours]
     if missing and ours is not None:
         lines.append("no finished run, so not among the candidates: " + ", ".join(missing))
-    return Claim(text, _verdict([None if ours is None else ours > 0], complete=not missing), tuple(lines))
+    return Claim(text, _verdict([None if ours is None else ours >= at_least], complete=not missing), tuple(lines))
 
 
 def brown_claims(numbers: Numbers) -> list[Claim]:
@@ -128,8 +129,18 @@ def brown_claims(numbers: Numbers) -> list[Claim]:
                 (f"{cb} n=3 c=500", f"{cb} n=5 c=500", _not_lower),
             ],
         ),
-        _margin(numbers, "The best MLP beats the best n-gram (both chosen on validation) by about 24% on test", ngrams),
-        _margin(numbers, "The best MLP beats the interpolated trigram (Del. Int.) by about 33% on test", ["Del. Int."]),
+        _margin(
+            numbers,
+            "The best MLP beats the best n-gram (both chosen on validation) by at least 20% on test (paper: 24%)",
+            ngrams,
+            at_least=0.20,
+        ),
+        _margin(
+            numbers,
+            "The best MLP beats the interpolated trigram (Del. Int.) by at least 30% on test (paper: 33%)",
+            ["Del. Int."],
+            at_least=0.30,
+        ),
     ]
 
 
@@ -137,7 +148,11 @@ def ap_claims(numbers: Numbers) -> list[Claim]:
     """Table 2's claim (p.1148): the gap on AP News is smaller."""
     ngrams = [label for label, family in numbers.family.items() if family != "mlp"]
     return [
-        _margin(numbers, "The best MLP beats the best n-gram (both chosen on validation) by about 8% on test", ngrams)
+        _margin(
+            numbers,
+            "The best MLP beats the best n-gram (both chosen on validation) on test (paper: by about 8%)",
+            ngrams,
+        )
     ]
 
 

@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 from nplm_repro.claims import Claim, check_claims
 from nplm_repro.config import NEURAL_MODEL, cli
 from nplm_repro.corpus import SPLITS
+from nplm_repro.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.errors import NplmError
 from nplm_repro.tracking import BOOKKEEPING, check_store
 
@@ -370,6 +371,7 @@ class Report:
     failed: pd.DataFrame
     excluded: list[str]
     other_data: pd.DataFrame
+    data_effect: list[str]
     history: dict[str, list[tuple[str, list[float]]]]
 
     @property
@@ -419,6 +421,25 @@ def _excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]
             continue
         lines.append(f"{_run_text(run)}: {why}")
     return lines
+
+
+def _data_effect(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str, vocab: str) -> list[str]:
+    """For a paper's table: the n-gram rows' gap to the paper, and how |V| alone moves them (data_effect.py)."""
+    if study not in PAPER_TABLES or not vocab:
+        return []
+    offset = ngram_offset(table)
+    corpus = all_runs[all_runs["fingerprint"] == fingerprint]["corpus"].iloc[0]
+    other = all_runs[(all_runs["corpus"] == corpus) & (all_runs["fingerprint"] != fingerprint)]
+    paper_vocab = PAPER_DATA[PAPER_TABLES[study]]["vocab_size"] if corpus == PAPER_TABLES[study] else None
+    slopes = vocabulary_slope(table, other, int(vocab), paper_vocab)
+    if not slopes and study == "brown_table1":
+        hint = (
+            "How |V| alone moves them is not measured in this store: run "
+            "`nplm-train -cd sweeps -cn brown_vocab data.path=...` (the n-gram rows with words seen <= 4 times "
+            "merged, |V| just below the paper's) and rebuild this report."
+        )
+        slopes = [hint]
+    return ([offset] if offset else []) + slopes
 
 
 def _history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[float]]]]:
@@ -473,13 +494,14 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
         .reset_index()
     )
     active = runs.sort_values(["start_time", "run_id"])
+    data = {k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))}
     return Report(
         study=study,
         experiment=experiment,
         corpus=corpus,
         source=newest["source"],
         fingerprint=fingerprint,
-        data={k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))},
+        data=data,
         commits=sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""}),
         table=table,
         extra=extra,
@@ -489,6 +511,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
         failed=active[active["state"] == "failed"],
         excluded=_excluded(study, all_runs, fingerprint),
         other_data=other_data,
+        data_effect=_data_effect(study, table, all_runs, fingerprint, data["vocab_size"]),
         history=_history(uri, table),
     )
 
@@ -597,6 +620,7 @@ def _sections(report: Report) -> list[tuple[str, list[str]]]:
         for r in report.other_data.itertuples()
     ]
     return [
+        ("What our data alone moves", report.data_effect),
         ("Missing (no run)", report.missing),
         ("Running (shown as running, never as a number)", _runs_list(report.running)),
         ("Failed or killed", _runs_list(report.failed)),

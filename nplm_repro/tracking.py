@@ -207,11 +207,10 @@ def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra
             tags[key] = cfg[key]
     if cfg.tracking.get("parent_run_id"):
         tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # the sweep's parent run (nplm_repro.sweep)
+    params, name = flat_params(cfg), cfg.tracking.run_name or run_name(cfg)  # a config error is not the store's
     try:
-        logger = RunLogger(
-            experiment_name=experiment, tracking_uri=uri, run_name=cfg.tracking.run_name or run_name(cfg), tags=tags
-        )
-        logger.log_hyperparams(flat_params(cfg))
+        logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_name=name, tags=tags)
+        logger.log_hyperparams(params)
     except Exception as error:  # MLflow raises many types for a bad store; all mean the same to the user
         raise NplmError(f"tracking store {uri!r} is unusable: {str(error).splitlines()[0]}") from error
     log.info("MLflow run %s in experiment %r at %s", logger.run_id, experiment, uri)

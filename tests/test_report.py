@@ -50,11 +50,12 @@ def nplm_report(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def runs_of(uri: str) -> dict[str, dict[str, float]]:
-    """Metrics of each run of experiment brown, by row tag and n (Kneser-Ney rows share a name)."""
+    """Metrics of each run of experiment brown, by row tag and n (Kneser-Ney rows share a name), and study if any."""
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("brown").experiment_id
     runs = client.search_runs([experiment])
-    return {f"{r.data.tags.get('row')} n={r.data.params['model.n']}": r.data.metrics for r in runs}
+    key = "{0.tags[row]} n={0.params[model.n]}".format
+    return {key(r.data) + (f" {r.data.tags['study']}" if "study" in r.data.tags else ""): r.data.metrics for r in runs}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,8 @@ def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.Tem
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
         for row in ROWS:
             train.run(composed(f"+experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"))
+        vocab = ["data.max_unk_freq=4", "study=brown_vocab", "callbacks.model_checkpoint.dirpath=unused"]
+        train.run(composed("+experiment=kn3", *common, *vocab))  # as sweeps/brown_vocab runs it
     return workdir, uri
 
 
@@ -137,12 +140,24 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     assert cells[1:8] == ["MLP5", "5", "", "50", "30", "yes", "no"] and tuple(cells[11:14]) == valid
     assert f"MLP5 -> MLP6: test {mlp5['test_ppl']:.1f} -> {ours['MLP6 n=5']['test_ppl']:.1f}" in md
     assert "## Missing (no run)\n\n- MLP1\n" in md
-    fingerprint = MlflowClient(uri).search_runs(["1"])[0].data.tags["data_fingerprint"]
+    kn3, kn3_v4 = ours["Kneser-Ney back-off n=3"], ours["Kneser-Ney back-off n=3 brown_vocab"]
+    offset = [table.loc[[10, 11, 12], f"{s}_rel_diff"] for s in ("valid", "test")]
+    assert "## What our data alone moves\n\n- The n-gram rows have no training noise" in md
+    assert f"valid {offset[0].min():+.1%} to {offset[0].max():+.1%} (mean {offset[0].mean():+.1%})" in md
+    assert f"test {offset[1].min():+.1%} to {offset[1].max():+.1%} (mean {offset[1].mean():+.1%}), over 3 rows" in md
+    assert f"(data.max_unk_freq=4; fingerprint `{kn3_v4_fingerprint(uri)}`)" in md
+    assert f"Kneser-Ney back-off n=3: valid {kn3['valid_ppl']:.1f} -> {kn3_v4['valid_ppl']:.1f}" in md
+    fingerprint = MlflowClient(uri).search_runs(["1"], "tags.row = 'MLP5'")[0].data.tags["data_fingerprint"]
     assert f"nplm-report --study {study} --experiment brown --fingerprint {fingerprint}" in md
     tex = (out / f"{study}.tex").read_text()
     assert all(rule in tex for rule in (r"\toprule", r"\midrule", r"\bottomrule"))
     for name in ("md", "tex", "html"):
         assert str(workdir) not in (out / f"{study}.{name}").read_text()  # nothing of this machine's paths
+
+
+def kn3_v4_fingerprint(uri: str) -> str:
+    (run,) = MlflowClient(uri).search_runs(["1"], "tags.study = 'brown_vocab'")
+    return run.data.tags["data_fingerprint"]
 
 
 # --- every state, logged in nplm-train's schema ---------------------------------------------------------------
@@ -364,6 +379,12 @@ def test_the_best_mlp_is_chosen_on_validation_and_must_beat_the_best_ngram() -> 
     partly = check_claims("brown_table1", paper_as_ours(**{"class-based_back-off_n=3_c=500": None}))
     assert partly[3].verdict == PARTLY and "ours: class-based back-off n=4 c=500 312.0" in partly[3].evidence[0]
     assert partly[3].evidence[2] == "no finished run, so not among the candidates: class-based back-off n=3 c=500"
+
+
+def test_the_margins_are_the_issues_thresholds_20_and_30_percent() -> None:
+    """MLP10 at 265: the class-based row (312) is 17.7% above it, Del. Int. (336) 26.8%: both positive, both short."""
+    assert verdicts(paper_as_ours(MLP10=265))[3:] == [FAILS, FAILS]
+    assert verdicts(paper_as_ours(MLP10=259))[3:] == [HOLDS, FAILS]  # 20.5% and 29.7%
 
 
 # --- bad input: one line, a non-zero exit, nothing written ----------------------------------------------------
