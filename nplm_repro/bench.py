@@ -39,7 +39,7 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nplm_repro.config import bad_input_exits, check_config, cli
+from nplm_repro.config import check_config, cli, errors_exit
 from nplm_repro.corpus import Corpus, load_corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.memory import keep_freed_memory
@@ -306,7 +306,7 @@ def bench(cfg: DictConfig) -> None:
 
 @hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="bench", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
-    with bad_input_exits():
+    with errors_exit():
         bench(cfg)
 
 

@@ -151,16 +151,28 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.exit(code)
 
 
-@contextlib.contextmanager
-def bad_input_exits() -> Iterator[None]:
-    """Inside a Hydra job: NplmError becomes one line and exit 2 (SystemExit bypasses Hydra's own report).
+_user_wants_traceback = False  # HYDRA_FULL_ERROR as the user set it, before `cli` sets it for its own use
 
-    Not in a sweep: there a job's NplmError is its failure, and `cli` prints it once the sweep ends.
+
+def _unexpected(error: Exception) -> str:
+    return f"{type(error).__name__}: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)"
+
+
+@contextlib.contextmanager
+def errors_exit() -> Iterator[None]:
+    """Inside a single Hydra job: NplmError becomes one line and exit 2, any other exception one line and exit 1.
+    SystemExit bypasses Hydra's own report ("Error executing job with overrides: ..."), which would come first.
+
+    Not in a sweep: there a job's error is its failure, and `cli` prints it once the sweep ends.
     """
     try:
         yield
     except NplmError as error:
         _fail(one_line(error))
+    except Exception as error:
+        if _user_wants_traceback:
+            raise
+        _fail(_unexpected(error), EXIT_FAILED)
 
 
 def cli(main: Callable[[], Any]) -> Callable[[], None]:
@@ -171,10 +183,11 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
     Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
     us, and keep the full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130.
     """
-    user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
 
     @functools.wraps(main)
     def run() -> None:
+        global _user_wants_traceback
+        user_wants_traceback = _user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
         os.environ["HYDRA_FULL_ERROR"] = "1"
         try:
             main()
@@ -190,6 +203,6 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
         except Exception as error:
             if user_wants_traceback:
                 raise
-            _fail(f"{type(error).__name__}: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)", EXIT_FAILED)
+            _fail(_unexpected(error), EXIT_FAILED)
 
     return run

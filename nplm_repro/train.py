@@ -26,7 +26,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.config import bad_input_exits, check_config, cli, is_neural, one_line
+from nplm_repro.config import check_config, cli, errors_exit, is_neural, one_line
 from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
 from nplm_repro.errors import interrupted, sigterm_interrupts
 from nplm_repro.memory import keep_freed_memory
@@ -224,7 +224,7 @@ def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, fl
 def _main(cfg: DictConfig) -> None:
     keep_freed_memory()
     sigterm_interrupts()  # in joblib's and submitit's workers too, which run only this function
-    with contextlib.nullcontext() if HydraConfig.get().mode == RunMode.MULTIRUN else bad_input_exits():
+    with contextlib.nullcontext() if HydraConfig.get().mode == RunMode.MULTIRUN else errors_exit():
         run(cfg)
 
 

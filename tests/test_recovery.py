@@ -208,6 +208,7 @@ def test_unexpected_error_is_one_line_and_a_failed_run_with_its_traceback(brown_
         command(brown_path, uri, "+trainer.max_epoch=1"), cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "Error executing job" not in result.stderr  # Hydra's own report, before ours
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("nplm-train: error: TypeError: ") and "'max_epoch'" in last
     assert last.endswith("(HYDRA_FULL_ERROR=1 shows the traceback)")
@@ -260,10 +261,20 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
 )
 def test_unusable_tracking_store_is_one_line_before_any_work(uri: str, message: str, tmp_path: Path) -> None:
     """MLflow's own client would retry an unreachable server for minutes; the check answers in seconds."""
-    train = subprocess.run([NPLM_TRAIN, "+experiment=kn3", f"tracking.uri={uri}"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120)
-    report = subprocess.run([str(Path(sys.executable).parent / "nplm-report"), "--tracking-uri", uri, "--out",
-                             str(tmp_path / "reports")], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    train = subprocess.run(
+        [NPLM_TRAIN, "+experiment=kn3", f"tracking.uri={uri}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = subprocess.run(
+        [str(Path(sys.executable).parent / "nplm-report"), "--tracking-uri", uri, "--out", str(tmp_path / "reports")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     for result, prog in ((train, "nplm-train"), (report, "nplm-report")):
         assert result.returncode == 2
         assert result.stderr.strip().splitlines()[-1].startswith(f"{prog}: error: {message}")

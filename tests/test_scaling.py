@@ -90,7 +90,14 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
         store = stack.enter_context(postgres()) if backend == "postgresql" else f"sqlite:///{tmp_path}/server.db"
         (tmp_path / "artifacts").mkdir()
         uri = stack.enter_context(mlflow_server(store, tmp_path / "artifacts"))
-        sweep = [str(BIN / "nplm-train"), "-cd", str(ROOT / "sweeps"), "-cn", "brown_table1", "+experiment=mlp3,kn3,mlp4"]
+        sweep = [
+            str(BIN / "nplm-train"),
+            "-cd",
+            str(ROOT / "sweeps"),
+            "-cn",
+            "brown_table1",
+            "+experiment=mlp3,kn3,mlp4",
+        ]
         sweep += [f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
         result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
