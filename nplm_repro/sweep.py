@@ -9,7 +9,8 @@ gets the tag `mlflow.parentRunId`. A re-run of the same sweep (same study, overr
 its parent run, so the jobs it finishes land next to those that finished before.
 
 Hydra calls `on_multirun_end` only when every job succeeded; `ends_sweeps` ends the sweep otherwise: FAILED,
-with its report listing the failed rows, after a failed job; KILLED after Ctrl-C or SIGTERM.
+with its report listing the failed rows, after a failed job; KILLED after Ctrl-C or SIGTERM, and with it the
+runs of joblib's workers, which joblib kills outright (each once its config_lock shows the worker gone).
 
 `mlp_lock`: a mixed row (MLP2 ...) and the row of its MLP (MLP1 ...) may run at the same time; whichever
 comes second waits for the first to finish training instead of training the same MLP again.
@@ -36,7 +37,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import NplmError, interrupted, sigterm_interrupts
-from nplm_repro.tracking import check_store
+from nplm_repro.tracking import check_store, end_orphans
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,13 @@ class MlflowSweep(Callback):
         self.experiment: str | None = None
         self.study: str | None = None
         self.report: str | None = None  # the directory the study's report goes to, or None
+        self.launcher: str = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.uri, experiment = config.tracking.uri, config.tracking.experiment
         study = config.get("study")
         self.experiment, self.study, self.report = experiment, study, config.get("report")
+        self.launcher = config.hydra.launcher._target_
         overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=True))
         params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True)
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
@@ -114,8 +117,24 @@ class MlflowSweep(Callback):
         MlflowSweep.open = None
         if self.parent_run_id:
             mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status)
+            if status == "KILLED" and "joblib" in self.launcher:  # SLURM's jobs live on without the launcher
+                self.end_killed_jobs()
         if status != "KILLED" and self.report and self.study:
             write_report(self.uri, self.experiment, self.study, Path(self.report))
+
+
+    def end_killed_jobs(self, wait: float = 30.0) -> None:
+        """Mark KILLED this sweep's runs left RUNNING by workers that are gone (their config_lock is free)."""
+        client = mlflow.MlflowClient(self.uri)
+        experiment = client.get_experiment_by_name(self.experiment)
+        query = f"tags.mlflow.parentRunId = '{self.parent_run_id}' and attributes.status = 'RUNNING'"
+        for run in client.search_runs([experiment.experiment_id], query) if experiment else []:
+            key = run.data.tags.get("config_key")
+            try:
+                with config_lock(key, timeout=wait):
+                    end_orphans(self.uri, self.experiment, key)
+            except Timeout:
+                log.warning("run %s: its job still holds its lock after %.0f s; left RUNNING", run.info.run_id, wait)
 
 
 def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
@@ -154,8 +173,9 @@ def launcher_threads() -> int | None:
 
 
 @contextlib.contextmanager
-def _hold(name: str, holder: str) -> Iterator[None]:
-    """Hold lock file `name` under $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks), waiting for its `holder`."""
+def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
+    """Hold lock file `name` under $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks), waiting for its `holder`
+    (at most `timeout` seconds, then Timeout; -1 = for ever)."""
     root = Path(os.environ.get(CACHE_ENV) or "~/.cache/nplm_repro").expanduser() / "locks"
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(root / f"{name}.lock")
@@ -163,7 +183,7 @@ def _hold(name: str, holder: str) -> Iterator[None]:
         lock.acquire(blocking=False)
     except Timeout:
         log.info("another job is %s: waiting for it", holder)
-        lock.acquire()
+        lock.acquire(timeout=timeout)
     try:
         yield
     finally:
@@ -175,6 +195,6 @@ def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
     return _hold(f"mlp-{key}", f"training the MLP with model_key {key}")
 
 
-def config_lock(key: str) -> contextlib.AbstractContextManager[None]:
+def config_lock(key: str, timeout: float = -1) -> contextlib.AbstractContextManager[None]:
     """Hold the lock of this config_key while looking for its runs and recording one."""
-    return _hold(f"run-{key}", f"recording a run of config_key {key}")
+    return _hold(f"run-{key}", f"recording a run of config_key {key}", timeout)

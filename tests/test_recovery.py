@@ -222,9 +222,9 @@ def test_unexpected_error_is_one_line_and_a_failed_run_with_its_traceback(brown_
 def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_it(
     brown_path: Path, tmp_path: Path
 ) -> None:
-    """SIGTERM to the launching process while two MLP jobs train (joblib): the parent run ends KILLED, not RUNNING.
-    joblib kills its workers outright, so their runs stay RUNNING (the report says so) until the same command
-    resumes or marks them; it then finishes every job, and nothing is left running."""
+    """SIGTERM to the launching process while two MLP jobs train (joblib): the parent run ends KILLED, not RUNNING,
+    and so do the jobs' runs, whose workers joblib kills outright. The same command resumes them and finishes
+    every job, and nothing is left running."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     sweep = [NPLM_TRAIN, "-cd", str(Path(__file__).resolve().parents[1] / "sweeps"), "-cn", "brown_table1"]
     sweep += [f"data.path={brown_path}", *SLICE, "+experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
@@ -240,8 +240,8 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
     assert stderr.strip().splitlines()[-1] == "nplm-train: interrupted (a run being recorded is now KILLED)"
     by_seed = {r.data.params.get("seed", "parent"): r for r in runs(uri)}
     assert by_seed.pop("parent").info.status == "KILLED"
-    assert {r.info.status for r in by_seed.values()} == {"RUNNING"}
-    with pytest.raises(NplmError, match=r"no finished runs .*\(2 RUNNING\)"):  # never numbers for them
+    assert {r.info.status for r in by_seed.values()} == {"KILLED"}
+    with pytest.raises(NplmError, match=r"no finished runs .*\(2 KILLED\)"):  # never numbers for them
         build(uri, "brown", "brown_table1")
 
     again = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=600)
