@@ -74,6 +74,7 @@ BOOKKEEPING = (
     "tracking",
     "rerun",
     "report",
+    "note",
     "threads",
     "row",
     "data.path",
@@ -202,9 +203,9 @@ def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra
         log.info("MLflow run %s resumed in experiment %r at %s", resume, experiment, uri)
         return RunLogger(experiment_name=experiment, tracking_uri=uri, run_id=resume)
     tags = {**data_tags(corpus), "git_commit": git_commit(), "corpus": corpus.name, **extra_tags}
-    for key in ("row", "study"):
+    for key in ("row", "study", "note"):
         if cfg.get(key):
-            tags[key] = cfg[key]
+            tags[key] = str(cfg[key])
     if cfg.tracking.get("parent_run_id"):
         tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # the sweep's parent run (nplm_repro.sweep)
     params, name = flat_params(cfg), cfg.tracking.run_name or run_name(cfg)  # a config error is not the store's

@@ -30,7 +30,7 @@ def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
     workdir = tmp_path_factory.mktemp("train")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    result = nplm_train(workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}")
+    result = nplm_train(workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}", "note=a slice")
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, uri
 
@@ -49,7 +49,7 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     assert run["tags.data_fingerprint"] == corpus.fingerprint
     assert run["tags.vocab_size"] == str(corpus.vocab_size)
     assert (run["tags.train_tokens"], run["tags.valid_tokens"], run["tags.test_tokens"]) == ("20000", "4000", "4000")
-    assert run["tags.row"] == "MLP3" and run["tags.git_commit"]
+    assert run["tags.row"] == "MLP3" and run["tags.git_commit"] and run["tags.note"] == "a slice"
     assert run["tags.mlflow.runName"] == "MLP3 seed=7"
     for split in SPLITS:
         assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
