@@ -122,7 +122,6 @@ class MlflowSweep(Callback):
         if status != "KILLED" and self.report and self.study:
             write_report(self.uri, self.experiment, self.study, Path(self.report))
 
-
     def end_killed_jobs(self, wait: float = 30.0) -> None:
         """Mark KILLED this sweep's runs left RUNNING by workers that are gone (their config_lock is free)."""
         client = mlflow.MlflowClient(self.uri)

@@ -118,7 +118,7 @@ def check_store(uri: str, create: bool = True) -> None:
     elif create:
         try:
             mlflow.MlflowClient(uri).search_experiments(max_results=1)
-        except Exception as error:  # MLflow raises many types for a bad store; all mean the same to the user
+        except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
             raise NplmError(f"tracking store {uri!r} is unusable: {str(error).strip().splitlines()[0]}") from None
 
 

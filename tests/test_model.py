@@ -76,8 +76,8 @@ def test_weight_decay_spares_the_biases() -> None:
     assert {id(p) for p in model.biases()} == {id(model.b), id(model.d)}
 
 
-@pytest.mark.parametrize("kwargs", [dict(n=1), dict(m=0), dict(h=-1), dict(h=0, direct=False)])
+@pytest.mark.parametrize("kwargs", [{"n": 1}, {"m": 0}, {"h": -1}, {"h": 0, "direct": False}])
 def test_invalid_shapes_are_refused(kwargs: dict) -> None:
-    args = dict(vocab_size=5, n=3, m=2, h=4, direct=True) | kwargs
+    args = {"vocab_size": 5, "n": 3, "m": 2, "h": 4, "direct": True} | kwargs
     with pytest.raises(ValueError):
         NPLM(**args)

@@ -30,7 +30,9 @@ def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
     workdir = tmp_path_factory.mktemp("train")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    result = nplm_train(workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}", "note=a slice")
+    result = nplm_train(
+        workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}", "note=a slice"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, uri
 
