@@ -198,6 +198,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "mix": MIX.get(config["model.mix"], config["model.mix"]) if mlp else "",
                 "seed": _text(get("params.seed")),
                 "config": json.dumps(config),
+                "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
                 **{f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS},
             }
         )
@@ -372,6 +373,7 @@ class Report:
     excluded: list[str]
     other_data: pd.DataFrame
     data_effect: list[str]
+    other_mixtures: list[str]
     history: dict[str, list[tuple[str, list[float]]]]
 
     @property
@@ -440,6 +442,43 @@ def _data_effect(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, finger
         )
         slopes = [hint]
     return ([offset] if offset else []) + slopes
+
+
+def _other_mixtures(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
+    """The paper's mixed rows with its two other weightings of the same MLP (sweeps/brown_mixtures): the MLP's
+    weight learned on validation says why a fixed 0.5 helps or not."""
+    if study not in PAPER_TABLES or "mix" not in table:
+        return []
+    runs = all_runs[
+        (all_runs["fingerprint"] == fingerprint)
+        & (all_runs["state"] == "finished")
+        & all_runs["mix"].isin(["learned", "context"])
+    ]
+    ours = table.set_index("label")
+    lines = []
+    mixed = (table["family"] == "mlp") & (table["mix"] == "yes") & (table["status"] == "finished")
+    for row in table[mixed].itertuples():
+        same = runs[(runs["row_tag"] == row.row) & (runs["config"].map(_unmixed) == _unmixed(row.config))]
+        if same.empty:
+            continue
+        mlp = f"MLP{int(row.row.removeprefix('MLP')) - 1}"
+        parts = [f"{row.label} ({mlp} and the trigram): 0.5 each, test {row.test_ppl:.1f}"]
+        if mlp in ours.index and ours.loc[mlp, "status"] == "finished":
+            parts[0] += f" ({mlp} alone {ours.loc[mlp, 'test_ppl']:.1f})"
+        for mode, what in (("learned", "one weight learned on validation"), ("context", "one weight per context bin")):
+            newest = same[same["mix"] == mode].sort_values(["start_time", "run_id"]).groupby("seed").last()
+            if len(newest):
+                weight = f", the MLP's {newest['mix_lambda'].mean():.2f}" if mode == "learned" else ""
+                parts.append(
+                    f"{what}{weight}, test {newest['test_ppl'].mean():.1f} ({len(newest)} seed{'s' * (len(newest) > 1)})"
+                )
+        lines.append("; ".join(parts))
+    return lines
+
+
+def _unmixed(config: str) -> str:
+    """A configuration less its mixture: the MLP it mixes."""
+    return json.dumps({k: v for k, v in json.loads(config).items() if k != "model.mix"})
 
 
 def _history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[float]]]]:
@@ -512,6 +551,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
         excluded=_excluded(study, all_runs, fingerprint),
         other_data=other_data,
         data_effect=_data_effect(study, table, all_runs, fingerprint, data["vocab_size"]),
+        other_mixtures=_other_mixtures(study, table, all_runs, fingerprint),
         history=_history(uri, table),
     )
 
@@ -621,6 +661,7 @@ def _sections(report: Report) -> list[tuple[str, list[str]]]:
     ]
     return [
         ("What our data alone moves", report.data_effect),
+        ("The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)", report.other_mixtures),
         ("Missing (no run)", report.missing),
         ("Running (shown as running, never as a number)", _runs_list(report.running)),
         ("Failed or killed", _runs_list(report.failed)),

@@ -89,6 +89,8 @@ def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.Tem
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
         for row in ROWS:
             train.run(composed(f"+experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"))
+        learned = ["model.mix=learned", "study=brown_mixtures", "callbacks.model_checkpoint.dirpath=unused"]
+        train.run(composed("+experiment=mlp6", *common, *learned))  # as sweeps/brown_mixtures runs it
         vocab = ["data.max_unk_freq=4", "study=brown_vocab", "callbacks.model_checkpoint.dirpath=unused"]
         train.run(composed("+experiment=kn3", *common, *vocab))  # as sweeps/brown_vocab runs it
     return workdir, uri
@@ -147,7 +149,16 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     assert f"test {offset[1].min():+.1%} to {offset[1].max():+.1%} (mean {offset[1].mean():+.1%}), over 3 rows" in md
     assert f"(data.max_unk_freq=4; fingerprint `{kn3_v4_fingerprint(uri)}`)" in md
     assert f"Kneser-Ney back-off n=3: valid {kn3['valid_ppl']:.1f} -> {kn3_v4['valid_ppl']:.1f}" in md
-    fingerprint = MlflowClient(uri).search_runs(["1"], "tags.row = 'MLP5'")[0].data.tags["data_fingerprint"]
+    (mlp5_run,) = MlflowClient(uri).search_runs(["1"], "tags.row = 'MLP5'")
+    (learned,) = MlflowClient(uri).search_runs(["1"], "tags.study = 'brown_mixtures'")
+    assert learned.data.tags["base_run_id"] == mlp5_run.info.run_id  # mixes MLP5's run, never retrains
+    mixtures = f"- MLP6 (MLP5 and the trigram): 0.5 each, test {ours['MLP6 n=5']['test_ppl']:.1f} (MLP5 alone "
+    mixtures += f"{mlp5['test_ppl']:.1f}); one weight learned on validation, the MLP's "
+    mixtures += (
+        f"{float(learned.data.params['mix.lambda']):.2f}, test {learned.data.metrics['test_ppl']:.1f} (1 seed)\n"
+    )
+    assert f"## The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)\n\n{mixtures}" in md
+    fingerprint = mlp5_run.data.tags["data_fingerprint"]
     assert f"nplm-report --study {study} --experiment brown --fingerprint {fingerprint}" in md
     tex = (out / f"{study}.tex").read_text()
     assert all(rule in tex for rule in (r"\toprule", r"\midrule", r"\bottomrule"))
