@@ -187,21 +187,21 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
     @functools.wraps(main)
     def run() -> None:
         global _user_wants_traceback
-        user_wants_traceback = _user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
+        _user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
         os.environ["HYDRA_FULL_ERROR"] = "1"
         try:
             main()
         except (HydraException, OmegaConfBaseException, NplmError) as error:
-            if user_wants_traceback:
+            if _user_wants_traceback:
                 raise
             _fail(one_line(error))
         except (KeyboardInterrupt, SystemExit) as error:
-            if not interrupted(error) or user_wants_traceback:
+            if not interrupted(error) or _user_wants_traceback:
                 raise
             print(f"{os.path.basename(sys.argv[0])}: interrupted (a run being recorded is now KILLED)", file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)
         except Exception as error:
-            if user_wants_traceback:
+            if _user_wants_traceback:
                 raise
             _fail(_unexpected(error), EXIT_FAILED)
 

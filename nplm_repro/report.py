@@ -230,9 +230,14 @@ def _config_id(config: str) -> str:
     return hashlib.sha256(config.encode()).hexdigest()[:8]
 
 
+def newest_finished(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per seed, the newest FINISHED run: what a configuration's numbers are averaged over."""
+    return runs[runs["state"] == "finished"].sort_values(["start_time", "run_id"]).groupby("seed").last()
+
+
 def summarise(runs: pd.DataFrame) -> dict[str, object]:
     """One configuration: per seed its newest FINISHED run; mean and std over seeds; what is running or failed."""
-    finished = runs[runs["state"] == "finished"].sort_values(["start_time", "run_id"]).groupby("seed").last()
+    finished = newest_finished(runs)
     running_seeds = set(runs.loc[runs["state"] == "running", "seed"]) - set(finished.index)
     summary: dict[str, object] = {
         "seeds": len(finished),
@@ -447,18 +452,16 @@ def _data_effect(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, finger
 def _other_mixtures(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
     """The paper's mixed rows with its two other weightings of the same MLP (sweeps/brown_mixtures): the MLP's
     weight learned on validation says why a fixed 0.5 helps or not."""
-    if study not in PAPER_TABLES or "mix" not in table:
+    if study not in PAPER_TABLES:
         return []
-    runs = all_runs[
-        (all_runs["fingerprint"] == fingerprint)
-        & (all_runs["state"] == "finished")
-        & all_runs["mix"].isin(["learned", "context"])
-    ]
+    finished = (all_runs["fingerprint"] == fingerprint) & (all_runs["state"] == "finished")
+    runs = all_runs[finished & all_runs["mix"].isin(["learned", "context"])]
+    runs = runs.assign(mlp_config=runs["config"].map(_unmixed))
     ours = table.set_index("label")
     lines = []
     mixed = (table["family"] == "mlp") & (table["mix"] == "yes") & (table["status"] == "finished")
     for row in table[mixed].itertuples():
-        same = runs[(runs["row_tag"] == row.row) & (runs["config"].map(_unmixed) == _unmixed(row.config))]
+        same = runs[(runs["row_tag"] == row.row) & (runs["mlp_config"] == _unmixed(row.config))]
         if same.empty:
             continue
         mlp = f"MLP{int(row.row.removeprefix('MLP')) - 1}"
@@ -466,7 +469,7 @@ def _other_mixtures(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fin
         if mlp in ours.index and ours.loc[mlp, "status"] == "finished":
             parts[0] += f" ({mlp} alone {ours.loc[mlp, 'test_ppl']:.1f})"
         for mode, what in (("learned", "one weight learned on validation"), ("context", "one weight per context bin")):
-            newest = same[same["mix"] == mode].sort_values(["start_time", "run_id"]).groupby("seed").last()
+            newest = newest_finished(same[same["mix"] == mode])
             if len(newest):
                 weight = f", the MLP's {newest['mix_lambda'].mean():.2f}" if mode == "learned" else ""
                 parts.append(
