@@ -401,7 +401,10 @@ def _choose_fingerprint(study: str, runs: pd.DataFrame, fingerprint: str | None)
 
 
 def _excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
-    """Runs of this data and study, or named after a row of this paper table, that are not in the table, and why."""
+    """Runs of this data and study, or named after a row of this paper table, that are not in the table, and why.
+
+    Runs excluded for the same reason share one line (a whole other study, such as brown_mixtures, is one line).
+    """
     if study not in PAPER_TABLES:
         return []
     paper = paper_table(study)
@@ -410,7 +413,7 @@ def _excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]
     ours = (all_runs["corpus"] == PAPER_TABLES[study]) | (all_runs["study_tag"] == study)
     same_data = all_runs[(all_runs["fingerprint"] == fingerprint) & ours]
     bases = set(same_data["base_run_id"])
-    lines = []
+    excluded: dict[str, list[pd.Series]] = {}  # why -> runs
     for _, run in same_data.sort_values(["start_time", "run_id"]).iterrows():
         columns_of = by_columns.get(_columns_key(run["family"], run))
         if run["study"] == study and run["paper_row"] < 0:
@@ -426,8 +429,18 @@ def _excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]
             )
         else:
             continue
-        lines.append(f"{_run_text(run)}: {why}")
-    return lines
+        excluded.setdefault(why, []).append(run)
+    return [_excluded_line(why, runs) for why, runs in excluded.items()]
+
+
+def _excluded_line(why: str, runs: list[pd.Series]) -> str:
+    """One run by its full description; several by their rows, mixtures and seeds."""
+    if len(runs) == 1:
+        return f"{_run_text(runs[0])}: {why}"
+    names = ", ".join(dict.fromkeys(_name(run) for run in runs))
+    mixes = ", ".join(dict.fromkeys(run["mix"] for run in runs if run["mix"] != ""))
+    seeds = ", ".join(str(s) for s in sorted({run["seed"] for run in runs}))
+    return f"{why}: {len(runs)} runs, {names}" + (f" (mix {mixes})" if mixes else "") + f"; seeds {seeds}"
 
 
 def _data_effect(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str, vocab: str) -> list[str]:
@@ -645,8 +658,12 @@ def attempts_table(report: Report) -> pd.DataFrame:
 def _run_text(run: pd.Series) -> str:
     """A run as the lists under the table name it: row tag (or family), columns, run name and id."""
     columns = ", ".join(f"{c}={run[c]}" for c in COLUMNS if run[c] != "")
-    what = run["row_tag"] or FAMILY_NAMES.get(run["family"], run["family"])
-    return f"{what} ({columns}; run {run['name']}, {run['run_id'][:8]}, seed {run['seed']})"
+    return f"{_name(run)} ({columns}; run {run['name']}, {run['run_id'][:8]}, seed {run['seed']})"
+
+
+def _name(run: pd.Series) -> str:
+    """Its row tag, or else its model family's name."""
+    return run["row_tag"] or FAMILY_NAMES.get(run["family"], run["family"])
 
 
 def _runs_list(runs: pd.DataFrame) -> list[str]:
