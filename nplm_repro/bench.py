@@ -12,7 +12,10 @@ layer's own matrix products measured by this process in the same dtype, so the t
   dy^T z), best of several repetitions, float32 and bfloat16;
 - baseline: a straightforward PyTorch implementation of the same model (map-style Dataset of windows,
   shuffled DataLoader, nn.Embedding + nn.Linear, CrossEntropyLoss, plain SGD, float32): the reference;
-- train: our LightningModule in a real Trainer, for each precision in `bench.precisions`;
+- train: our LightningModule in a real Trainer, for each precision in `bench.precisions`; the `auto` line
+  says what `trainer.precision=auto` resolved to here (`resolved`) and the probe's rates it chose by;
+- sampled: the same with `optim=sampled` (or the command's own optim when it is sampled), float32, and its
+  speed-up over each `train` line (`x_32-true`, ...);
 - eval: the exact float32 perplexity of the whole validation split, as every run computes it (Trainer.validate);
 - ngram: fit on train and score train, valid and test, for each row in `bench.ngram_rows`;
 - mixture: the MLP's probability of every valid and test token (`probs` lines), then EM of the learned and
@@ -22,11 +25,9 @@ Run it on a quiet machine: numbers move with load, which is why each line is mea
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
 from nplm_repro.module import NPLMModule
 from nplm_repro.ngram import DeletedInterpolation, perplexity_of
+from nplm_repro.precision import PRECISIONS, output_layer_gflops, resolve
 from nplm_repro.train import loader, token_probs
 
 log = logging.getLogger(__name__)
@@ -70,27 +72,15 @@ def flops_per_token(cfg: DictConfig, vocab_size: int, train: bool) -> float:
     return 3 * forward if train else forward
 
 
-def best_seconds(work: Callable[[], object], repeats: int) -> float:
-    work()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def matmul_rates(cfg: DictConfig, vocab_size: int) -> dict[str, float]:
     """GFLOP/s of the output layer's three products at the training batch size, per dtype."""
     batch, width = cfg.optim.batch_size, output_width(cfg) + 1  # + the bias column of bf16_loss
-    rates = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        z, O = torch.randn(batch, width, dtype=dtype), torch.randn(vocab_size, width, dtype=dtype)
-        dy = torch.randn(batch, vocab_size, dtype=dtype)
-        products = (z, O.T), (dy, O), (dy.T, z)
-        seconds = sum(best_seconds(functools.partial(torch.mm, a, b), cfg.bench.matmul_repeats) for a, b in products)
-        rates[str(dtype).removeprefix("torch.")] = 3 * 2 * batch * width * vocab_size / seconds / 1e9
-    return rates
+    return {
+        str(dtype).removeprefix("torch."): output_layer_gflops(
+            batch, width, vocab_size, dtype, cfg.bench.matmul_repeats
+        )
+        for dtype in (torch.float32, torch.bfloat16)
+    }
 
 
 class _Windows(torch.utils.data.Dataset):
@@ -229,7 +219,7 @@ def bench_mixture(corpus: Corpus, mlp: dict[str, np.ndarray]) -> None:
         emit(f"mixture {mode}", tokens_per_s=tokens / seconds, seconds=seconds, **ppl, **mixture.describe())
 
 
-MEASURES = ("matmul", "baseline", "train", "eval", "mixture", "ngram")
+MEASURES = ("matmul", "baseline", "train", "sampled", "eval", "mixture", "ngram")
 
 
 def check_bench(b: DictConfig) -> None:
@@ -240,8 +230,8 @@ def check_bench(b: DictConfig) -> None:
     for key, low in (("warmup", 0), ("steps", 1), ("matmul_repeats", 1)):
         if not isinstance(b[key], int) or b[key] < low:
             raise NplmError(f"bench.{key}={b[key]} is invalid: expected an integer >= {low}")
-    if set(b.precisions) - {"32-true", "bf16-mixed"}:
-        raise NplmError(f"bench.precisions={list(b.precisions)} is invalid: expected 32-true and/or bf16-mixed")
+    if set(b.precisions) - {"auto", *PRECISIONS}:
+        raise NplmError(f"bench.precisions={list(b.precisions)} is invalid: expected auto, 32-true and/or bf16-mixed")
 
 
 def bench(cfg: DictConfig) -> None:
@@ -266,18 +256,35 @@ def bench(cfg: DictConfig) -> None:
             **shape,
         )
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
-    module = None
+    module, speeds = None, {}
+    exact = OmegaConf.merge(cfg, {"optim": {"output": "exact"}})  # the train lines are the exact softmax's
     for precision in cfg.bench.precisions if what & {"train", "eval", "mixture"} else []:
-        result, module = train_steps(cfg, corpus, precision)
+        concrete, tags = resolve(precision, cfg.trainer.accelerator)  # auto: what nplm-train would pick here
+        result, module = train_steps(exact, corpus, concrete)
+        speeds[precision] = result["tokens_per_s"]
         if "train" in what:
-            dtype = "bfloat16" if precision.startswith("bf16") else "float32"
+            chosen = {"resolved": concrete, **{k.removeprefix("precision."): v for k, v in tags.items()}}
             emit(
                 f"train {precision}",
                 **result,
                 achieved_gflops=result["tokens_per_s"] * train_flops,
-                matmul_gflops=rates[dtype],
+                matmul_gflops=rates["bfloat16" if concrete.startswith("bf16") else "float32"],
+                **(chosen if precision == "auto" else {}),
                 **shape,
             )
+    if "sampled" in what:
+        optim = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
+        result, _ = train_steps(OmegaConf.merge(cfg, {"optim": optim}), corpus, "32-true")
+        speedups = {f"x_{p}": result["tokens_per_s"] / speed for p, speed in speeds.items()}
+        emit(
+            "train sampled",
+            **result,
+            samples=optim.samples,
+            proposal=optim.proposal,
+            estimator=optim.estimator,
+            **speedups,
+            **shape,
+        )
     if module is not None and "eval" in what:
         ppl, seconds = validate(cfg, module, corpus)
         tokens = corpus.size("valid")

@@ -21,6 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 from nplm_repro.corpus import CORPORA
 from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.mixture import MIX_MODES
+from nplm_repro.precision import PRECISIONS
+from nplm_repro.sampled_loss import ESTIMATORS, PROPOSALS
 
 EXIT_FAILED = 1  # anything else that went wrong: the run is FAILED, its traceback in the run's error.txt
 EXIT_BAD_INPUT = 2
@@ -109,9 +111,17 @@ NEURAL: dict[str, Rule] = {
     "optim.lr": _number(0, low_open=True),
     "optim.weight_decay": _number(0),
     "optim.batch_size": _at_least(1),
-    "trainer.precision": _one_of("32-true", "bf16-mixed"),  # bf16-mixed: products in bfloat16, eval float32
+    "optim.output": _one_of("exact", "sampled"),
+    "trainer.precision": _one_of("auto", *PRECISIONS),  # bf16-mixed: products in bfloat16, eval float32
     # ddp_spawn keeps the job (its MLflow run, its lock) in this process; ddp would re-run the whole command
     "trainer.strategy": _one_of("auto", "ddp_spawn"),
+}
+SAMPLED: dict[str, Rule] = {
+    "optim.samples": _at_least(1),
+    "optim.proposal": _one_of(*PROPOSALS),
+    "optim.estimator": _one_of(*ESTIMATORS),
+    # sampled training computes in float32: bf16-mixed would be recorded but not used
+    "trainer.precision": _one_of("auto", "32-true"),
 }
 RECIPES: dict[str, dict[str, Rule]] = {
     "paper": {"optim.decay_rate": _number(0)},
@@ -130,6 +140,8 @@ def check_config(cfg: DictConfig) -> None:
     rules = dict(COMMON) | CORPUS_RULES.get(cfg.data.corpus, {})
     if is_neural(cfg):
         rules |= NEURAL | RECIPES.get(cfg.optim.recipe, {})
+        if cfg.optim.get("output") == "sampled":
+            rules |= SAMPLED
     for key, (ok, expected) in rules.items():
         value = OmegaConf.select(cfg, key)
         if not ok(value):

@@ -44,12 +44,13 @@ class NPLM(nn.Module):
             y = torch.addmm(y, torch.tanh(torch.addmm(self.d, x, self.H.T)), self.U.T)
         return y
 
-    def output_terms(self, context: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def output_terms(self, context: torch.Tensor, sparse: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The (input, weight) pairs of the output layer, y = b + sum of input @ weight.T: (x, W), (tanh(d + Hx), U).
 
-        For a loss that computes the output layer itself (bf16_loss), without forming y here.
+        For a loss that computes the output layer itself (bf16_loss, sampled_loss), without forming y here;
+        `sparse`: C's gradient holds only the context words' rows.
         """
-        x = F.embedding(context, self.C).flatten(1)
+        x = F.embedding(context, self.C, sparse=sparse).flatten(1)
         terms = [(x, self.W)] if self.W is not None else []
         if self.H is not None:
             terms.append((torch.tanh(self.d + x @ self.H.T), self.U))

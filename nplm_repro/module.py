@@ -14,7 +14,9 @@ Perplexity is exp(mean negative log-likelihood) over every token of a split, fro
 float32 logits, with the per-token terms summed in float64.
 
 `trainer.precision=bf16-mixed` trains with the output layer's products in bfloat16 (bf16_loss.py, about
-3x faster on a CPU with bf16 units); evaluation stays float32 whatever the precision.
+3x faster on a CPU with bf16 units). `optim.output=sampled` trains in float32 with the output layer's gradient
+estimated from `optim.samples` words drawn from a proposal (sampled_loss.py). Evaluation is the exact float32
+softmax whatever the training used.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from nplm_repro.bf16_loss import bf16_cross_entropy
 from nplm_repro.corpus import SPLITS
 from nplm_repro.errors import NplmError
 from nplm_repro.model import NPLM
+from nplm_repro.sampled_loss import Proposal, SparseSGD, sampled_cross_entropy
 from nplm_repro.windows import WindowBatches
 
 
@@ -42,6 +45,7 @@ class NPLMModule(L.LightningModule):
         self.save_hyperparameters()
         self.model = NPLM(vocab_size, n, m, h, direct)
         self.optim = dict(optim)
+        self.proposal: Proposal | None = None  # sampled training's, built from the training windows
         self._reset()
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:
@@ -51,7 +55,13 @@ class NPLMModule(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         context, target = batch
-        if self.trainer.precision == "bf16-mixed":
+        if self.optim.get("output", "exact") == "sampled":  # checkpoints from before sampling have no key
+            with self._float32():
+                q = self.proposal.distribution(context[:, 0])
+                o = self.optim
+                terms = self.model.output_terms(context, sparse=True)
+                loss = sampled_cross_entropy(terms, self.model.b, target, q, o["samples"], o["estimator"])
+        elif self.trainer.precision == "bf16-mixed":
             loss = bf16_cross_entropy(self.model.output_terms(context), self.model.b, target)
         else:
             loss = F.cross_entropy(self.model(context), target)
@@ -70,6 +80,14 @@ class NPLMModule(L.LightningModule):
                 f"training loss is {loss.item()} at epoch {self.current_epoch}, step {self.global_step}: "
                 "the model diverged (try a smaller optim.lr)"
             )
+
+    def on_train_start(self) -> None:
+        """Sampled training draws from a proposal counted on the training windows (each target, its w_{t-1})."""
+        batches = self.trainer.train_dataloader
+        if self.optim.get("output", "exact") == "sampled" and isinstance(batches, WindowBatches):
+            rows = batches.rows.cpu()
+            self.proposal = Proposal(rows[:, -2], rows[:, -1], self.model.b.numel(), self.optim["proposal"])
+            self.proposal.to(self.device)
 
     def on_train_epoch_start(self) -> None:
         if isinstance(self.trainer.train_dataloader, WindowBatches):  # epoch k's shuffle, also after a resume
@@ -155,7 +173,10 @@ class NPLMModule(L.LightningModule):
         ]
         batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
         # lr is per training word (module doc); fused: decay and step in one pass over each weight, not three
-        optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=True)
+        if o.get("output", "exact") == "sampled":  # sparse gradients: the same update, on the sampled rows only
+            optimizer = SparseSGD(groups, lr=o["lr"] * batch)
+        else:
+            optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=True)
         if o["recipe"] == "paper":
             decay = torch.optim.lr_scheduler.LambdaLR(
                 optimizer, lambda step: 1.0 / (1.0 + o["decay_rate"] * step * batch)

@@ -199,6 +199,10 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "seed": _text(get("params.seed")),
                 "config": json.dumps(config),
                 "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
+                "epochs": get("metrics.epochs", np.nan),
+                "minutes": (run["end_time"] - run["start_time"]).total_seconds() / 60
+                if status == "FINISHED"
+                else np.nan,
                 **{f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS},
             }
         )
@@ -252,6 +256,8 @@ def summarise(runs: pd.DataFrame) -> dict[str, object]:
         values = finished[f"{split}_ppl"].dropna()
         summary[f"{split}_ppl"] = values.mean() if len(values) else np.nan
         summary[f"{split}_ppl_std"] = values.std(ddof=1) if len(values) > 1 else np.nan
+    for cost in ("epochs", "minutes"):
+        summary[cost] = finished[cost].mean() if cost in finished and finished[cost].notna().any() else np.nan
     return summary
 
 
@@ -379,6 +385,7 @@ class Report:
     other_data: pd.DataFrame
     data_effect: list[str]
     other_mixtures: list[str]
+    sampled: list[str]
     history: dict[str, list[tuple[str, list[float]]]]
 
     @property
@@ -492,6 +499,37 @@ def _other_mixtures(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fin
     return lines
 
 
+SAMPLED_ONLY = ("optim.output", "optim.samples", "optim.proposal", "optim.estimator", "trainer.limit_val_batches")
+
+
+def _sampled_vs_exact(table: pd.DataFrame) -> list[str]:
+    """Each trained MLP configuration run both ways: its sampled training against its exact training, on the
+    exact perplexities of both, with epochs, wall time and the speed-up (exact minutes / sampled minutes)."""
+    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    pairs: dict[str, dict[str, pd.Series]] = {}
+    for _, row in trained.iterrows():
+        config = json.loads(row["config"])
+        model = json.dumps({k: v for k, v in config.items() if k not in SAMPLED_ONLY})
+        pairs.setdefault(model, {})[config.get("optim.output", "exact")] = row
+    lines = []
+    for both in pairs.values():
+        if {"exact", "sampled"} <= set(both):
+            exact, sampled = both["exact"], both["sampled"]
+            how = json.loads(sampled["config"])
+            speedup = exact["minutes"] / sampled["minutes"] if sampled["minutes"] else np.nan
+            diffs = ", ".join(
+                f"{s} {sampled[f'{s}_ppl']:.1f} ({sampled[f'{s}_ppl'] / exact[f'{s}_ppl'] - 1:+.1%})"
+                for s in ("valid", "test")
+            )
+            lines.append(
+                f"{exact['label']}: exact valid {exact['valid_ppl']:.1f}, test {exact['test_ppl']:.1f}, "
+                f"{exact['epochs']:.0f} epochs, {exact['minutes']:.1f} min; sampled (k={how.get('optim.samples')}, "
+                f"{how.get('optim.proposal')} proposal, {how.get('optim.estimator')}) {diffs}, "
+                f"{sampled['epochs']:.0f} epochs, {sampled['minutes']:.1f} min: {speedup:.1f}x faster"
+            )
+    return lines
+
+
 def _unmixed(config: str) -> str:
     """A configuration less its mixture: the MLP it mixes."""
     return json.dumps({k: v for k, v in json.loads(config).items() if k != "model.mix"})
@@ -568,6 +606,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
         other_data=other_data,
         data_effect=_data_effect(study, table, all_runs, fingerprint, data["vocab_size"]),
         other_mixtures=_other_mixtures(study, table, all_runs, fingerprint),
+        sampled=_sampled_vs_exact(table),
         history=_history(uri, table),
     )
 
@@ -682,6 +721,7 @@ def _sections(report: Report) -> list[tuple[str, list[str]]]:
     return [
         ("What our data alone moves", report.data_effect),
         ("The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)", report.other_mixtures),
+        ("Sampled against exact training (same model, seed and data; exact perplexities of both)", report.sampled),
         ("Missing (no run)", report.missing),
         ("Running (shown as running, never as a number)", _runs_list(report.running)),
         ("Failed or killed", _runs_list(report.failed)),

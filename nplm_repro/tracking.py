@@ -23,9 +23,21 @@ from nplm_repro.errors import NplmError, interrupted
 log = logging.getLogger(__name__)
 
 
+SAMPLING_KEYS = ("output", "samples", "proposal", "estimator")  # optim's, for optim.output=sampled only
+
+
+def _without_unused(tree: dict[str, Any]) -> dict[str, Any]:
+    """`tree` (a config as a dict) less the sampling keys of an exact run, which it did not use: an exact run
+    records, and is identified by, what it was before sampled training existed, so stored runs keep matching."""
+    optim = tree.get("optim")
+    if isinstance(optim, dict) and optim.get("output", "exact") == "exact":
+        tree["optim"] = {k: v for k, v in optim.items() if k not in SAMPLING_KEYS}
+    return tree
+
+
 def flat_params(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as flat dotted keys (model.n, optim.lr, ...), Hydra's own keys left out."""
-    tree = OmegaConf.to_container(cfg, resolve=True)
+    tree = _without_unused(OmegaConf.to_container(cfg, resolve=True))
     return {k: v for k, v in pd.json_normalize(tree, sep=".").iloc[0].items() if not k.startswith("hydra.")}
 
 
@@ -58,7 +70,7 @@ def model_key(cfg: DictConfig, corpus: Corpus) -> str:
 
     A mixed row looks up the finished run with its key instead of training the same MLP again.
     """
-    parts = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "optim", "trainer")}
+    parts = _without_unused({k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "optim", "trainer")})
     parts["model"].pop("mix", None)
     parts |= {
         "data": corpus.fingerprint,
@@ -94,7 +106,7 @@ def config_key(cfg: DictConfig, corpus: Corpus) -> str:
     A job whose key already has a FINISHED run is skipped (unless `rerun=true`): a re-run sweep finishes
     only what is missing. The study is part of the key, so every study's runs carry its tag.
     """
-    kept = OmegaConf.to_container(cfg, resolve=False)
+    kept = _without_unused(OmegaConf.to_container(cfg, resolve=False))
     for dotted in BOOKKEEPING:
         *path, last = dotted.split(".")
         node = functools.reduce(lambda d, k: d.get(k) or {}, path, kept)

@@ -33,6 +33,7 @@ from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
 from nplm_repro.module import NPLMModule, TokenProbs
 from nplm_repro.ngram import DeletedInterpolation, NgramModel, perplexity_of
+from nplm_repro.precision import resolve
 from nplm_repro.sweep import config_lock, ends_sweeps, launcher_threads, mlp_lock
 from nplm_repro.tracking import (
     RunLogger,
@@ -78,7 +79,9 @@ def train_neural(
     trainer.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
     if best:
         logger.experiment.log_artifact(logger.run_id, best, "checkpoints")
-    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
+    logger.log_metrics({"epochs": trainer.current_epoch})  # epochs trained, across resumes (the report's cost)
+    return metrics | {"epochs": float(trainer.current_epoch)}
 
 
 def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, float]:
@@ -123,7 +126,7 @@ def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: RunLogger, base: s
     return metrics
 
 
-def base_run(cfg: DictConfig, corpus: Corpus) -> str:
+def base_run(cfg: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
     """The finished run of the same MLP without mixture (same model_key); trained first if there is none.
 
     Under the MLP's lock: if its own row's job is training it right now, this waits for that run.
@@ -139,7 +142,7 @@ def base_run(cfg: DictConfig, corpus: Corpus) -> str:
         unmixed.model.mix, unmixed.row = "none", None
         unmixed_key = config_key(unmixed, corpus)
         with config_lock(unmixed_key):
-            return record(unmixed, corpus, unmixed_key)[0]
+            return record(unmixed, corpus, unmixed_key, tags)[0]
 
 
 def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
@@ -155,13 +158,19 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
         torch.set_num_threads(threads)
     log.info("%s: torch threads %d", cfg.get("row") or "run", torch.get_num_threads())
     corpus = load_corpus(cfg.data)
+    # auto becomes what this machine runs faster before the config is keyed: the key says what computed
+    precision_tags: dict[str, str] = {}
+    if is_neural(cfg) and cfg.optim.output == "sampled":
+        cfg.trainer.precision = "32-true"  # what sampled training computes in (check_config allows only auto)
+    else:
+        cfg.trainer.precision, precision_tags = resolve(cfg.trainer.precision, cfg.trainer.accelerator)
     key = config_key(cfg, corpus)
     trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
     with mlp_lock(model_key(cfg, corpus)) if trains_mlp else contextlib.nullcontext(), config_lock(key):
         found = None if cfg.rerun else find_finished(cfg.tracking.uri, cfg.tracking.experiment, config_key=key)
         if found:
             return reuse(cfg, found)
-        return record(cfg, corpus, key)
+        return record(cfg, corpus, key, precision_tags)
 
 
 def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
@@ -178,8 +187,8 @@ def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
     return found, dict(run_.data.metrics)
 
 
-def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, float]]:
-    """Fit or train the model and record it as one MLflow run (tagged with its config_key).
+def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> tuple[str, dict[str, float]]:
+    """Fit or train the model and record it as one MLflow run (tagged with its config_key and `tags`).
 
     The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
     out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
@@ -189,10 +198,11 @@ def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, fl
     """
     L.seed_everything(cfg.seed, workers=True)
     resume = None
+    tags = dict(tags)
     if not is_neural(cfg):
-        fit, tags = fit_ngram, {}
+        fit = fit_ngram
     elif cfg.model.mix == "none":
-        fit, tags = train_neural, {"model_key": model_key(cfg, corpus)}
+        fit, tags["model_key"] = train_neural, model_key(cfg, corpus)
         if cfg.callbacks.get("model_checkpoint"):
             resume = None if cfg.rerun else find_resumable(cfg.tracking.uri, cfg.tracking.experiment, key)
             checkpoints = resume[1].parent if resume else Path(cfg.callbacks.model_checkpoint.dirpath).resolve()
@@ -201,8 +211,8 @@ def record(cfg: DictConfig, corpus: Corpus, key: str) -> tuple[str, dict[str, fl
                 log.info("resuming run %s from %s", *resume)
                 fit = functools.partial(train_neural, resume_from=resume[1])
     else:
-        base = base_run(cfg, corpus)
-        fit, tags = functools.partial(mix_with_trigram, base=base), {"base_run_id": base}
+        base = base_run(cfg, corpus, tags)
+        fit, tags["base_run_id"] = functools.partial(mix_with_trigram, base=base), base
     end_orphans(cfg.tracking.uri, cfg.tracking.experiment, key, keep=resume[0] if resume else None)
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:

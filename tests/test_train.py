@@ -56,6 +56,13 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     for split in SPLITS:
         assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
     assert run["metrics.train_tokens_per_s"] > 0
+    # trainer.precision=auto (the default) is logged as what it resolved to, with the rates it chose by
+    chosen, rates = (
+        run["params.trainer.precision"],
+        (float(run["tags.precision.bfloat16_gflops"]), float(run["tags.precision.float32_gflops"])),
+    )
+    assert chosen == ("bf16-mixed" if rates[0] > rates[1] else "32-true")
+    assert run["tags.precision.auto"].startswith(chosen)
     client = MlflowClient(uri)
     history = client.get_metric_history(run["run_id"], "valid_ppl_epoch")
     assert [m.step for m in history] and len(history) == 2

@@ -1,0 +1,122 @@
+"""`trainer.precision=auto`: bf16-mixed only where this device's bfloat16 products are measured to be faster.
+
+The training time of eq. (1) is the |V|-wide output layer's three products. On a CPU with bfloat16 units
+(AVX-512 BF16, AMX) they run several times faster in bfloat16 than in float32; on an AVX2-only CPU torch
+emulates bfloat16 and the same products run 4 to 20 times slower (and round worse). So `auto` times the
+products in both dtypes (under a second) and takes bf16-mixed only if it is faster. The result is cached per
+device model and torch version under `$NPLM_CACHE/precision/`. On CUDA it is the device's own answer
+(`torch.cuda.is_bf16_supported`, Ampere and newer). The probe never fails a run: if it cannot measure, 32-true.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from nplm_repro.class_ngram import cache_root
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("32-true", "bf16-mixed")
+DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
+PROBE = {"batch": 256, "width": 128, "vocab": 4096}  # a small output layer; the ratio is what matters
+
+
+def best_seconds(work: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` timed calls, after one untimed call (first-call setup is not the rate)."""
+    work()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def output_layer_gflops(batch: int, width: int, vocab: int, dtype: torch.dtype, repeats: int) -> float:
+    """GFLOP/s of an output layer's three training products in `dtype`: forward y = z O^T, backward dy O and
+    dy^T z (z: batch x width, O: vocab x width), each the best of `repeats`."""
+    z, O = torch.randn(batch, width, dtype=dtype), torch.randn(vocab, width, dtype=dtype)
+    dy = torch.randn(batch, vocab, dtype=dtype)
+    products = (z, O.T), (dy, O), (dy.T, z)
+    seconds = sum(best_seconds(functools.partial(torch.mm, a, b), repeats) for a, b in products)
+    return 3 * 2 * batch * width * vocab / seconds / 1e9
+
+
+def cpu_model() -> str:
+    """What identifies this CPU's arithmetic: its model name, family/model/stepping and feature flags (a VM may
+    name Zen 1 and Zen 4 both "AMD EPYC"), and torch's kernel level."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "stepping", "flags") and key not in fields:
+                fields[key] = value.strip()
+    except OSError:
+        fields["model name"] = platform.processor() or platform.machine()
+    fields["capability"] = torch.backends.cpu.get_cpu_capability()
+    return json.dumps(fields, sort_keys=True)
+
+
+def _cache_file(device: str) -> Path:
+    digest = hashlib.sha256(f"{device}|torch {torch.__version__}".encode()).hexdigest()[:16]
+    return cache_root() / "precision" / f"{digest}.json"
+
+
+def measure_cpu(repeats: int = 3) -> dict[str, float]:
+    """GFLOP/s of the probe's products in float32 and bfloat16 on this CPU, with the current torch threads."""
+    return {
+        str(dtype).removeprefix("torch."): output_layer_gflops(**PROBE, dtype=dtype, repeats=repeats)
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+
+
+def cpu_rates() -> dict[str, float]:
+    """The probe's rates for this CPU and torch version, from the cache when measured before."""
+    path = _cache_file(cpu_model())
+    try:
+        return json.loads(path.read_text())["gflops"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    rates = measure_cpu()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{time.time_ns()}.tmp")
+        temporary.write_text(
+            json.dumps({"device": json.loads(cpu_model()), "torch": torch.__version__, "gflops": rates})
+        )
+        temporary.replace(path)  # atomic: a concurrent run reads the old file or the new one, never half of one
+    except OSError as error:
+        log.warning("precision=auto: cannot cache the probe's result at %s (%s)", path, error)
+    return rates
+
+
+def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, str]]:
+    """The concrete precision for `precision` (auto, 32-true or bf16-mixed) on `accelerator`, and tags saying
+    how auto chose it (`precision.auto`, `precision.<dtype>_gflops`); explicit values pass through untouched."""
+    if precision != "auto":
+        return precision, {}
+    try:
+        if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+            chosen = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+            return chosen, {"precision.auto": f"{chosen}: cuda {torch.cuda.get_device_name()}"}
+        if accelerator not in ("cpu", "auto"):
+            return "32-true", {"precision.auto": f"32-true: accelerator {accelerator} (bfloat16 not probed)"}
+        rates = cpu_rates()
+    except Exception as error:  # noqa: BLE001  the probe must never fail a run: float32 is always right
+        log.warning("precision=auto: the probe failed (%s); training in 32-true", error)
+        return "32-true", {"precision.auto": f"32-true: probe failed ({type(error).__name__})"}
+    chosen = "bf16-mixed" if rates["bfloat16"] > rates["float32"] else "32-true"
+    tags = {f"precision.{dtype}_gflops": f"{rate:.1f}" for dtype, rate in rates.items()}
+    why = f"{chosen}: bfloat16 {rates['bfloat16']:.1f} against float32 {rates['float32']:.1f} GFLOP/s"
+    log.info("precision=auto -> %s", why)
+    return chosen, tags | {"precision.auto": why}

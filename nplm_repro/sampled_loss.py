@@ -1,0 +1,146 @@
+"""Sampled training of eq. (1): the output layer's gradient from k words drawn from a proposal, not all of V.
+
+The gradient of -log P(t | context) is -dy_t + E_{w ~ P(. | context)}[dy_w]. The first term, the target's, is
+computed exactly. The second needs all |V| outputs; Bengio & Senecal (AISTATS 2003; IEEE Trans. Neural Networks
+19(4), 2008) estimate it by importance sampling from a cheap proposal q: draw w_1..w_k from q, and weigh each
+dy_{w_j} by r_j / sum(r), r_j = exp(y_{w_j}) / q(w_j) (self-normalised, hence slightly biased). The k words are
+drawn once per batch and shared by its B rows, so the products are B x k, not B x |V|; a word drawn c times
+is computed once, with weight c.
+
+Three estimators, all of this shape (`optim.estimator`):
+- `importance`: Bengio & Senecal's, above. The loss is -y_t + log(1/k sum_j r_j), an estimate of -log P(t).
+- `sampled_softmax`: Jean et al. (2015), a softmax over the target and the drawn words with the log-proposal
+  correction, y - log(k q); a drawn word equal to a row's target is left out of that row.
+- `nce`: noise-contrastive estimation (Mnih & Teh 2012), the target against k noise words, each scored
+  y - log(k q) as a logit; it trains the model to be self-normalised rather than estimating the gradient.
+
+Two proposals (`optim.proposal`):
+- `unigram`: the training words' frequencies, as Bengio & Senecal (2003).
+- `bigram`: for each batch, the mean over its rows of an interpolated bigram P(w | w_{t-1}) of the training
+  split (0.9 bigram, 0.1 unigram): close to what the model predicts for this batch, in the spirit of
+  Bengio & Senecal's (2008) n-gram proposal, and still one distribution shared by the batch.
+Only training uses this: validation, early stopping and every reported perplexity use the exact softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+ESTIMATORS = ("importance", "sampled_softmax", "nce")
+PROPOSALS = ("unigram", "bigram")
+BIGRAM_WEIGHT = 0.9
+
+
+class Proposal:
+    """q(w) over V from the training ids: fixed (unigram) or one per batch (bigram, from the batch's contexts)."""
+
+    def __init__(self, previous: torch.Tensor, target: torch.Tensor, vocab_size: int, kind: str = "unigram") -> None:
+        """From the training windows' last two columns: each target and the word before it."""
+        if kind not in PROPOSALS:
+            raise ValueError(f"proposal {kind!r}: expected one of {', '.join(PROPOSALS)}")
+        self.kind = kind
+        counts = torch.bincount(target, minlength=vocab_size).double() + 1.0  # add-one: every word can be drawn
+        self.unigram = (counts / counts.sum()).float()
+        if kind == "bigram":  # P(w | v) as CSR rows over v = w_{t-1}: the words that followed v, normalised
+            pairs, seen = torch.unique(previous * vocab_size + target, return_counts=True)
+            before, self.following = pairs // vocab_size, pairs % vocab_size
+            totals = torch.bincount(before, weights=seen.double(), minlength=vocab_size)
+            self.rows = torch.cumsum(torch.bincount(before, minlength=vocab_size + 1), 0).roll(1)
+            self.rows[0] = 0
+            self.conditional = (seen.double() / totals[before]).float()
+
+    def to(self, device: torch.device) -> Proposal:
+        for name in ("unigram", "rows", "following", "conditional"):
+            if hasattr(self, name):
+                setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    def distribution(self, previous: torch.Tensor) -> torch.Tensor:
+        """q over V for a batch whose rows' previous words are `previous` [B]."""
+        if self.kind == "unigram":
+            return self.unigram
+        words, counts = torch.unique(previous, return_counts=True)
+        starts, lengths = self.rows[words], self.rows[words + 1] - self.rows[words]
+        seen = lengths > 0  # a word never followed by another in train has no bigram row: its share is unigram
+        weights = counts.float() * seen / len(previous)
+        offsets = torch.arange(int(lengths.sum()), device=previous.device) - torch.repeat_interleave(
+            torch.cumsum(lengths, 0) - lengths - starts, lengths
+        )
+        q = self.unigram * (1.0 - BIGRAM_WEIGHT * weights.sum())
+        share = BIGRAM_WEIGHT * torch.repeat_interleave(weights, lengths) * self.conditional[offsets]
+        return q.index_add(0, self.following[offsets], share)
+
+
+def _outputs(
+    terms: list[tuple[torch.Tensor, torch.Tensor]], b: torch.Tensor, target: torch.Tensor, words: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """y_t of each row's own target [B], and y at `words` for every row [B, len(words)], from the output layer's
+    rows of those words only. Their gradients are sparse: only these rows, for SparseSGD to update in place."""
+    rows = torch.cat([target, words])
+    y = b[rows]
+    y_t, y_s = y[: len(target)], y[len(target) :].expand(len(target), -1)
+    for inputs, weight in terms:
+        gathered = F.embedding(rows, weight, sparse=True)
+        y_t = y_t + (inputs * gathered[: len(target)]).sum(1)
+        y_s = torch.addmm(y_s, inputs, gathered[len(target) :].T)
+    return y_t, y_s
+
+
+def sampled_cross_entropy(
+    terms: list[tuple[torch.Tensor, torch.Tensor]],
+    b: torch.Tensor,
+    target: torch.Tensor,
+    q: torch.Tensor,
+    samples: int,
+    estimator: str = "importance",
+) -> torch.Tensor:
+    """The batch-mean loss whose gradient estimates that of cross-entropy of softmax(b + sum input @ weight.T),
+    from `samples` words drawn from q [|V|] (with replacement) and shared by the batch."""
+    words, drawn = torch.unique(torch.multinomial(q, samples, replacement=True), return_counts=True)
+    log_q = q[words].log()
+    y_t, y_s = _outputs(terms, b, target, words)
+    if estimator == "importance":
+        log_z = torch.logsumexp(y_s - log_q + drawn.log(), 1) - math.log(samples)  # log of (1/k) sum_j r_j
+        return (log_z - y_t).mean()
+    corrected = y_s - (samples * q[words]).log()
+    if estimator == "sampled_softmax":
+        hits = words[None, :] == target[:, None]
+        others = (corrected + drawn.log()).masked_fill(hits, -math.inf)
+        logits = torch.cat([(y_t - (samples * q[target]).log())[:, None], others], 1)
+        return -F.log_softmax(logits, 1)[:, 0].mean()
+    if estimator == "nce":
+        positive = F.softplus(-(y_t - (samples * q[target]).log()))
+        return (positive + (F.softplus(corrected) * drawn).sum(1)).mean()
+    raise ValueError(f"estimator {estimator!r}: expected one of {', '.join(ESTIMATORS)}")
+
+
+class SparseSGD(torch.optim.Optimizer):
+    """SGD with weight decay, p <- (1 - lr wd) p - lr g, that adds a sparse gradient to its rows only.
+
+    The same update as torch.optim.SGD's, without building a |V|-wide dense gradient each step: with k
+    sampled words those rows are all a step changes, and the decay is one in-place scaling.
+    """
+
+    def __init__(self, params: Any, lr: float, weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            lr, decay = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if decay:
+                    p.mul_(1.0 - lr * decay)
+                if p.grad.is_sparse:
+                    p.index_add_(0, p.grad._indices()[0], p.grad._values(), alpha=-lr)
+                else:
+                    p.add_(p.grad, alpha=-lr)
+        return loss

@@ -1,0 +1,54 @@
+"""trainer.precision=auto: a concrete precision, chosen by the probe's rates, cached, and never a failure."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nplm_repro.precision import resolve
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path))
+    return tmp_path / "precision"
+
+
+def test_explicit_precisions_pass_through_unprobed(cache: Path) -> None:
+    assert resolve("32-true") == ("32-true", {}) and resolve("bf16-mixed") == ("bf16-mixed", {})
+    assert not cache.exists()
+
+
+def test_auto_picks_the_faster_measured_dtype_and_caches_it(cache: Path) -> None:
+    chosen, tags = resolve("auto", "cpu")
+    bf16, fp32 = float(tags["precision.bfloat16_gflops"]), float(tags["precision.float32_gflops"])
+    assert chosen == ("bf16-mixed" if bf16 > fp32 else "32-true")
+    assert tags["precision.auto"].startswith(chosen)
+    (cached,) = cache.glob("*.json")
+    saved = json.loads(cached.read_text())
+    assert saved["gflops"]["float32"] == pytest.approx(fp32, abs=0.06) and saved["torch"]
+    # the next run reads the cache instead of measuring: flip the rates there and the choice follows them
+    saved["gflops"] = {"float32": bf16, "bfloat16": fp32} if bf16 != fp32 else {"float32": 1.0, "bfloat16": 2.0}
+    cached.write_text(json.dumps(saved))
+    flipped, _ = resolve("auto", "cpu")
+    assert flipped != chosen or bf16 == fp32
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "not a directory"])
+def test_a_broken_cache_never_fails_a_run(damage: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if damage == "corrupt":
+        cache.mkdir(parents=True)
+        resolve("auto", "cpu")
+        (cached,) = cache.glob("*.json")
+        cached.write_text("{half a file")
+    else:
+        blocker = cache.parent / "file"
+        blocker.write_text("")
+        monkeypatch.setenv("NPLM_CACHE", str(blocker))
+    chosen, tags = resolve("auto", "cpu")
+    assert chosen in ("32-true", "bf16-mixed") and "precision.float32_gflops" in tags
+
+
+def test_an_unprobed_accelerator_trains_in_float32(cache: Path) -> None:
+    chosen, tags = resolve("auto", "mps")
+    assert chosen == "32-true" and "not probed" in tags["precision.auto"]
