@@ -238,6 +238,7 @@ def bench(cfg: DictConfig) -> None:
     check_config(cfg)
     check_bench(cfg.bench)
     what, corpus = set(cfg.bench.what), load_corpus(cfg.data)
+    cfg.trainer.precision = resolve(cfg.trainer.precision, cfg.trainer.accelerator)[0]  # what nplm-train would use
     log.info("measuring %s", OmegaConf.to_container(cfg.bench, resolve=True))
     L.seed_everything(cfg.seed, verbose=False)
     shape = {k: cfg.model[k] for k in ("n", "m", "h", "direct")} | {"vocab_size": corpus.vocab_size}

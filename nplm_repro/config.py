@@ -122,6 +122,7 @@ SAMPLED: dict[str, Rule] = {
     "optim.estimator": _one_of(*ESTIMATORS),
     # sampled training computes in float32: bf16-mixed would be recorded but not used
     "trainer.precision": _one_of("auto", "32-true"),
+    "trainer.devices": _one_of(1),  # its sparse gradients are not tried under DDP
 }
 RECIPES: dict[str, dict[str, Rule]] = {
     "paper": {"optim.decay_rate": _number(0)},
