@@ -25,6 +25,7 @@ Only training uses this: validation, early stopping and every reported perplexit
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ BIGRAM_WEIGHT = 0.9
 
 
 class Proposal:
-    """q(w) over V from the training ids: fixed (unigram) or one per batch (bigram, from the batch's contexts)."""
+    """q(w) over V from the training windows: fixed (unigram) or one per batch (bigram, from its contexts)."""
 
     def __init__(self, previous: torch.Tensor, target: torch.Tensor, vocab_size: int, kind: str = "unigram") -> None:
         """From the training windows' last two columns: each target and the word before it."""
@@ -46,16 +47,24 @@ class Proposal:
         self.kind = kind
         counts = torch.bincount(target, minlength=vocab_size).double() + 1.0  # add-one: every word can be drawn
         self.unigram = (counts / counts.sum()).float()
-        if kind == "bigram":  # P(w | v) as CSR rows over v = w_{t-1}: the words that followed v, normalised
-            pairs, seen = torch.unique(previous * vocab_size + target, return_counts=True)
-            before, self.following = pairs // vocab_size, pairs % vocab_size
+        if kind == "bigram":
+            # The bigram as a sparse |V| x |V| matrix, row w, column v: P(w | v), so that the batch's mixture of
+            # its rows' bigrams is one sparse product with the histogram of their previous words.
+            pairs, seen = torch.unique(target * vocab_size + previous, return_counts=True)
+            following, before = pairs // vocab_size, pairs % vocab_size
             totals = torch.bincount(before, weights=seen.double(), minlength=vocab_size)
-            self.rows = torch.cumsum(torch.bincount(before, minlength=vocab_size + 1), 0).roll(1)
-            self.rows[0] = 0
-            self.conditional = (seen.double() / totals[before]).float()
+            self.has_bigram = (totals > 0).float()  # a word never followed in train: its rows' share is unigram
+            rows = torch.cat(
+                [torch.zeros(1, dtype=torch.long), torch.cumsum(torch.bincount(following, minlength=vocab_size), 0)]
+            )
+            with warnings.catch_warnings():  # "sparse CSR support is in beta": the product we use is not
+                warnings.simplefilter("ignore", UserWarning)
+                self.bigram = torch.sparse_csr_tensor(
+                    rows, before, (seen.double() / totals[before]).float(), (vocab_size, vocab_size)
+                )
 
     def to(self, device: torch.device) -> Proposal:
-        for name in ("unigram", "rows", "following", "conditional"):
+        for name in ("unigram", "has_bigram", "bigram"):
             if hasattr(self, name):
                 setattr(self, name, getattr(self, name).to(device))
         return self
@@ -64,16 +73,10 @@ class Proposal:
         """q over V for a batch whose rows' previous words are `previous` [B]."""
         if self.kind == "unigram":
             return self.unigram
-        words, counts = torch.unique(previous, return_counts=True)
-        starts, lengths = self.rows[words], self.rows[words + 1] - self.rows[words]
-        seen = lengths > 0  # a word never followed by another in train has no bigram row: its share is unigram
-        weights = counts.float() * seen / len(previous)
-        offsets = torch.arange(int(lengths.sum()), device=previous.device) - torch.repeat_interleave(
-            torch.cumsum(lengths, 0) - lengths - starts, lengths
+        share = (
+            torch.bincount(previous, minlength=len(self.unigram)) * self.has_bigram * (BIGRAM_WEIGHT / len(previous))
         )
-        q = self.unigram * (1.0 - BIGRAM_WEIGHT * weights.sum())
-        share = BIGRAM_WEIGHT * torch.repeat_interleave(weights, lengths) * self.conditional[offsets]
-        return q.index_add(0, self.following[offsets], share)
+        return torch.addmv(self.unigram, self.bigram, share, beta=1.0 - float(share.sum()))
 
 
 def _outputs(
