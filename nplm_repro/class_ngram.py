@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nplm_repro.cache import cache_root
 from nplm_repro.corpus import END_OF_TEXT, Corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.ngram import SRILM_MIN_COUNTS, KneserNey, NgramModel
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 
 METHODS = ("exchange",)
 UNSEEN_CLASS = "<unseen>"
-CACHE_ENV = "NPLM_CACHE"
 CACHE_FORMAT = 1  # bump when the algorithm changes what it returns for the same inputs
 
 
@@ -246,11 +246,6 @@ def exchange_clustering(ids: np.ndarray, vocab_size: int, c: int, max_passes: in
         moves=np.array(moves, dtype=np.int64),
         converged=bool(moves) and moves[-1] == 0,
     )
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """`cache_dir`, else $NPLM_CACHE, else ~/.cache/nplm_repro."""
-    return Path(cache_dir or os.environ.get(CACHE_ENV) or "~/.cache/nplm_repro").expanduser()
 
 
 def cache_path(corpus: Corpus, c: int, method: str, max_passes: int, cache_dir: str | os.PathLike | None) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from nplm_repro.class_ngram import cache_root
+from nplm_repro.cache import cache_root
 
 log = logging.getLogger(__name__)
 

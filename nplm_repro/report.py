@@ -37,7 +37,7 @@ from nplm_repro.config import NEURAL_MODEL, cli
 from nplm_repro.corpus import SPLITS
 from nplm_repro.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking import BOOKKEEPING, check_store
+from nplm_repro.tracking import BOOKKEEPING, check_store, sqlite_file
 
 COLUMNS = ("n", "c", "h", "m", "direct", "mix")
 PAPER_TABLES = {"brown_table1": "brown", "ap_table2": "ap"}  # study -> corpus
@@ -107,16 +107,9 @@ def _tracking(uri: str) -> Iterator[None]:
         mlflow.set_tracking_uri(before)
 
 
-def _sqlite_file(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri.removeprefix("sqlite:///").split("?")[0]
-    return Path(path) if path not in ("", ":memory:") else None
-
-
 def read_runs(uri: str, experiment: str) -> pd.DataFrame:
     """Every run of the experiment (mlflow.search_runs); a missing store or experiment is an error, never created."""
-    path = _sqlite_file(uri)
+    path = sqlite_file(uri)
     if path is not None and not path.is_file():
         raise NplmError(f"no tracking store at {path}: run nplm-train first, or pass --tracking-uri")
     check_store(uri, create=False)

@@ -36,14 +36,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from nplm_repro.cache import cache_root
 from nplm_repro.errors import NplmError, interrupted, sigterm_interrupts
-from nplm_repro.tracking import check_store, end_orphans
+from nplm_repro.tracking import check_store, end_orphans, ensure_experiment
 
 log = logging.getLogger(__name__)
 
 PARENT_ENV = "NPLM_PARENT_RUN_ID"
 PARENT_FILE = "mlflow_parent_run_id"  # in the sweep directory, for the record
-CACHE_ENV = "NPLM_CACHE"
 
 
 def sweep_key(study: str | None, overrides: list[str], params: dict[str, Any]) -> str:
@@ -75,10 +75,9 @@ class MlflowSweep(Callback):
         params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=True)
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         key = sweep_key(study, overrides, params)
-        check_store(self.uri)
-        client = mlflow.MlflowClient(self.uri)  # creates the SQLite store and its tables, once, here
-        found = client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+        check_store(self.uri)  # creates the SQLite store and its tables, once, here
+        client = mlflow.MlflowClient(self.uri)
+        experiment_id = ensure_experiment(client, experiment)
         previous = client.search_runs(
             [experiment_id],
             f"tags.sweep = 'true' and tags.sweep_key = '{key}'",
@@ -175,7 +174,7 @@ def launcher_threads() -> int | None:
 def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
     """Hold lock file `name` under $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks), waiting for its `holder`
     (at most `timeout` seconds, then Timeout; -1 = for ever)."""
-    root = Path(os.environ.get(CACHE_ENV) or "~/.cache/nplm_repro").expanduser() / "locks"
+    root = cache_root() / "locks"
     root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(root / f"{name}.lock")
     try:

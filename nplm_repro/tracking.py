@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
 import requests
+from filelock import FileLock
 from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
@@ -116,20 +120,98 @@ def config_key(cfg: DictConfig, corpus: Corpus) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def check_store(uri: str, create: bool = True) -> None:
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an embedded SQLite store URI, else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?")[0]
+    return Path(path) if path not in ("", ":memory:") else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Hold `<database>.lock` beside an embedded SQLite store while MLflow opens it. MLflow creates a new store's
+    tables (and migrates an old one) on first open, and two processes doing it at once both fail ("table
+    _alembic_tmp_tags already exists") and leave the store unusable; under this lock one creates, the others
+    find it made. Any other store is a server's or a database's, which serialises itself."""
+    path = sqlite_file(uri)
+    lock = FileLock(f"{path}.lock") if path is not None else None
+    try:
+        if lock is not None:
+            lock.acquire(timeout=600)
+    except OSError:  # a read-only directory: nothing can create or migrate a store there either
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def repair_interrupted_upgrade(path: Path) -> None:
+    """Finish what an interrupted MLflow schema upgrade left in a SQLite store, or refuse it in one line.
+
+    Alembic changes a SQLite table by copying it into `_alembic_tmp_<table>`, dropping the table and renaming the
+    copy. A process stopped in between (or two upgrading at once, before `store_lock`) leaves the copy behind,
+    and every later upgrade fails on "table _alembic_tmp_<table> already exists". While `<table>` still exists
+    the copy holds nothing it lacks: it is dropped and the upgrade runs again. Without `<table>`, the copy has
+    the only rows: nothing is changed, and the error says how to put it back.
+    """
+    if not path.is_file():
+        return
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        copies = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
+        for copy in copies:
+            table = copy.removeprefix("_alembic_tmp_")
+            if table not in tables:
+                raise NplmError(
+                    f"tracking store {path} was left mid-upgrade by MLflow: table {table} exists only as {copy}; "
+                    f"back up the file, run sqlite3 {path} 'ALTER TABLE {copy} RENAME TO {table}', then run again"
+                )
+        for copy in copies:
+            db.execute(f'DROP TABLE "{copy}"')
+            log.warning("tracking store %s: dropped %s, left by an interrupted MLflow upgrade", path, copy)
+
+
+def ensure_experiment(client: mlflow.MlflowClient, name: str) -> str:
+    """The id of experiment `name`, created if missing; another process creating it at the same moment is fine."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except mlflow.exceptions.MlflowException:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def check_store(uri: str, create: bool = True, experiment: str | None = None) -> None:
     """Fail at once, in one line, on a store that cannot be used (before a corpus is read or a run opened).
 
     An HTTP store must answer /health within 10 s: MLflow's client would retry for minutes. Other stores are
-    opened and listed (a new SQLite file is created, unless `create=False`).
+    opened and listed, an embedded SQLite one under `store_lock` and after `repair_interrupted_upgrade` (a new
+    SQLite file is created, unless `create=False`), and `experiment` is created in it if given and missing.
     """
     if uri.startswith(("http://", "https://")):
         try:
             requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
         except requests.RequestException as error:
             raise NplmError(f"tracking store {uri!r} is unreachable: {type(error).__name__} on /health") from None
-    elif create:
+    path = sqlite_file(uri)
+    if create or path is not None:
         try:
-            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+            with store_lock(uri):
+                if path is not None:
+                    repair_interrupted_upgrade(path)
+                client = mlflow.MlflowClient(uri)
+                client.search_experiments(max_results=1)
+                if experiment:
+                    ensure_experiment(client, experiment)
+        except NplmError:
+            raise
         except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
             raise NplmError(f"tracking store {uri!r} is unusable: {str(error).strip().splitlines()[0]}") from None
 

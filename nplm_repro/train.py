@@ -57,6 +57,12 @@ def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = 
     return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed, shard=shuffle)
 
 
+# Early stopping acts on the validations that happened: Lightning's default would also check at the end of a
+# training epoch cut short by max_steps (no validation, so no metric: an error). For whole epochs the decisions
+# are the same, so this is no part of a run's config (nor of its key).
+ACTS_ON = {"early_stopping": {"check_on_train_epoch_end": False}}
+
+
 def train_neural(
     cfg: DictConfig, corpus: Corpus, logger: RunLogger, resume_from: Path | None = None
 ) -> dict[str, float]:
@@ -66,7 +72,9 @@ def train_neural(
     architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
     module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
     bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
-    callbacks = [instantiate(c) for name, c in cfg.callbacks.items() if bars or name != "progress_bar"]
+    callbacks = [
+        instantiate(c, **ACTS_ON.get(name, {})) for name, c in cfg.callbacks.items() if bars or name != "progress_bar"
+    ]
     trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
     trainer.fit(
         module,
@@ -152,7 +160,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     `rerun=true`. The config's lock is held from the search to the end of the run (see `record`).
     """
     check_config(cfg)
-    check_store(cfg.tracking.uri)
+    check_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)
     threads = cfg.threads or launcher_threads()
     if threads:
         torch.set_num_threads(threads)

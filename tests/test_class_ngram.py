@@ -13,12 +13,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from nplm_repro.cache import CACHE_ENV, cache_root
 from nplm_repro.class_ngram import (
-    CACHE_ENV,
     ClassBackoff,
     ClassBigrams,
     cache_path,
-    cache_root,
     cluster_words,
     exchange_clustering,
 )

@@ -256,7 +256,7 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
     "uri,message",
     [
         ("http://127.0.0.1:9", "tracking store 'http://127.0.0.1:9' is unreachable: ConnectionError on /health"),
-        ("bogus://x", "tracking store 'bogus://x' is unusable: "),
+        pytest.param("bogus://x", "tracking store 'bogus://x' is unusable: ", marks=pytest.mark.slow),
     ],
 )
 def test_unusable_tracking_store_is_one_line_before_any_work(uri: str, message: str, tmp_path: Path) -> None:
@@ -279,3 +279,22 @@ def test_unusable_tracking_store_is_one_line_before_any_work(uri: str, message: 
         assert result.returncode == 2
         assert result.stderr.strip().splitlines()[-1].startswith(f"{prog}: error: {message}")
     assert not (tmp_path / "reports").exists() and not list(tmp_path.glob("outputs/*/*/checkpoints"))
+
+
+def test_a_cache_that_is_a_file_is_one_line_and_no_run(brown_path: Path, tmp_path: Path) -> None:
+    """NPLM_CACHE naming a file was a NotADirectoryError, an "unexpected error" with exit 1."""
+    (tmp_path / "cache").write_text("not a directory")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = subprocess.run(
+        command(brown_path, uri),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"NPLM_CACHE": str(tmp_path / "cache")},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"nplm-train: error: cache directory {tmp_path / 'cache'} is not a directory: point NPLM_CACHE at a directory"
+    )
+    assert runs_if_any(uri) == []

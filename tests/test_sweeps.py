@@ -56,6 +56,7 @@ def job_logs(workdir: Path, first_sweep_only: bool = False) -> list[str]:
     return [p.read_text() for d in sweeps for p in sorted(d.glob("*/train.log"))]
 
 
+@pytest.mark.slow
 def test_sweep_nests_its_jobs_and_a_second_run_skips_them(brown_path: Path, tmp_path: Path) -> None:
     """Two n-gram rows one after the other (Hydra's basic launcher), the same command twice."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"

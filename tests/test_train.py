@@ -119,6 +119,7 @@ def test_ngram_rows_run_through_the_same_entry_point(
     assert run["params.fit.train_tokens"] == "20000"
 
 
+@pytest.mark.slow
 def test_mixed_rows_reuse_the_trained_mlp(trained: tuple[Path, str], brown_path: Path) -> None:
     """MLP4 = MLP3's model mixed with the trigram: no retraining; fixed 0.5, and EM-learned weights do no worse."""
     workdir, uri = trained
@@ -141,3 +142,29 @@ def test_mixed_rows_reuse_the_trained_mlp(trained: tuple[Path, str], brown_path:
     # per-bin weights can only do better at the optimum; EM stops at a relative tolerance of 1e-6
     assert valid["context"] <= valid["learned"] * (1 + 1e-4)
     assert valid["learned"] <= valid["fixed"] < valid["none"]
+
+
+@pytest.mark.parametrize(
+    "steps,validations",
+    [(40, 0), pytest.param(80, 1, marks=pytest.mark.slow), pytest.param(120, 1, marks=pytest.mark.slow)],
+)
+def test_a_run_cut_by_max_steps_finishes_and_is_scored_on_every_token(
+    steps: int, validations: int, brown_path: Path, tmp_path: Path
+) -> None:
+    """An epoch here is 80 steps (20,000 windows, 250 a batch). A run cut before, at and after its end ends
+    FINISHED and scored exactly; early stopping and the best checkpoint act only on validations that ran
+    (before: "Early stopping conditioned on metric valid_ppl_epoch which is not available", exit 1)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    limits = [f"trainer.max_steps={steps}", "trainer.max_epochs=5", "optim.batch_size=250"]
+    result = nplm_train(tmp_path, f"data.path={brown_path}", *SLICE, "model.m=8", *limits, f"tracking.uri={uri}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert len(client.get_metric_history(run.info.run_id, "valid_ppl_epoch")) == validations
+    sizes = {"train": 20000, "valid": 4000, "test": 4000}
+    for split in SPLITS:
+        assert run.data.metrics[f"{split}_tokens"] == sizes[split]
+        assert 1 < run.data.metrics[f"{split}_ppl"] < int(run.data.tags["vocab_size"])
+    saved = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert saved == (["checkpoints/best.ckpt"] if validations else [])

@@ -1,0 +1,111 @@
+"""Independent commands started at the same instant on one embedded store: all finish, nothing is lost."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import alembic.command
+import mlflow
+import pytest
+import sqlalchemy
+from mlflow.store.db.utils import _get_alembic_config
+from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
+
+from nplm_repro.errors import NplmError
+from nplm_repro.tracking import check_store
+
+ROWS = ["del_int", "kn3", "kn4", "kn5"]
+SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
+
+
+def start(name: str, *args: str, cwd: Path) -> subprocess.Popen:
+    command = [str(Path(sys.executable).parent / name), *args]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def at_once(commands: list[list[str]], cwd: Path) -> list[tuple[int, str]]:
+    """Start every command before waiting for any; (exit code, stderr) of each."""
+    running = [start(*command, cwd=cwd) for command in commands]
+    return [(p.wait(timeout=600), p.stderr.read()) for p in running]
+
+
+@pytest.mark.slow
+def test_four_rows_at_once_on_a_new_then_a_used_store_all_finish(brown_path: Path, tmp_path: Path) -> None:
+    """Four different rows at the same instant on a store that does not exist yet (MLflow's table creation used
+    to race: 1 of 4 finished and the store stayed unusable), then four more, and a report, on the same store."""
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    (tmp_path / "store").mkdir()
+
+    def rows(seed: int) -> list[list[str]]:
+        common = [f"data.path={brown_path}", *SLICE, f"seed={seed}", f"tracking.uri={uri}"]
+        return [["nplm-train", f"+experiment={row}", *common, f"hydra.run.dir={tmp_path}/{row}-{seed}"] for row in ROWS]
+
+    for code, stderr in at_once(rows(1), tmp_path):
+        assert code == 0, stderr[-2000:]
+    report = ["nplm-report", "--study", "brown_table1", "--tracking-uri", uri, "--out", str(tmp_path / "reports")]
+    results = at_once([*rows(2), report], tmp_path)
+    for code, stderr in results[:-1]:
+        assert code == 0, stderr[-2000:]
+    assert results[-1][0] in (0, 2), results[-1][1][-2000:]  # a report of what has finished so far, or "none yet"
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+    assert {r.info.status for r in runs} == {"FINISHED"} and all("valid_ppl" in r.data.metrics for r in runs)
+    assert (
+        len({(r.data.params["model._target_"], r.data.params.get("model.n"), r.data.params["seed"]) for r in runs}) == 8
+    )
+
+
+def store_left_mid_upgrade(path: Path) -> None:
+    """A store as two processes opening a new file at once left it (seen with MLflow 3.17, before the lock): the
+    schema at revision a8c4a736bde6, the copy `_alembic_tmp_latest_metrics` that its next step had begun, and
+    (added here) a user's run with a param. Every later open failed on "table ... already exists"."""
+    url = f"sqlite:///{path}"
+    engine = sqlalchemy.create_engine(url)
+    InitialBase.metadata.create_all(engine)
+    config = _get_alembic_config(url)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        alembic.command.upgrade(config, "a8c4a736bde6")
+    with engine.begin() as db:
+        db.exec_driver_sql("INSERT INTO experiments VALUES (1, 'brown', 'mlruns/1', 'active')")
+        db.exec_driver_sql(
+            "INSERT INTO runs (run_uuid, name, user_id, source_type, status, lifecycle_stage, experiment_id,"
+            " start_time, artifact_uri) VALUES ('r0', 'older', 'me', 'LOCAL', 'FINISHED', 'active', 1, 0, 'mlruns/1/r0')"
+        )
+        db.exec_driver_sql("INSERT INTO params VALUES ('seed', '11', 'r0')")
+        db.exec_driver_sql("CREATE TABLE _alembic_tmp_latest_metrics AS SELECT * FROM latest_metrics WHERE 0")
+    engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_store_left_mid_upgrade_is_repaired_and_keeps_its_runs(brown_path: Path, tmp_path: Path) -> None:
+    store_left_mid_upgrade(tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    command = [f"data.path={brown_path}", *SLICE, "+experiment=del_int", f"tracking.uri={uri}"]
+    ((code, stderr),) = at_once([["nplm-train", *command, f"hydra.run.dir={tmp_path}/run"]], tmp_path)
+    assert code == 0, stderr[-2000:]
+    said = (tmp_path / "run" / "train.log").read_text()
+    assert "dropped _alembic_tmp_latest_metrics, left by an interrupted MLflow upgrade" in said
+    client = mlflow.MlflowClient(uri)
+    runs = {r.info.run_name: r for r in client.search_runs(["1"])}
+    assert runs["older"].data.params == {"seed": "11"} and runs["older"].info.status == "FINISHED"
+    assert runs["Del. Int. seed=1"].info.status == "FINISHED" and "valid_ppl" in runs["Del. Int. seed=1"].data.metrics
+
+
+def test_a_store_whose_table_exists_only_as_its_copy_is_refused_unchanged(tmp_path: Path) -> None:
+    """Alembic had dropped latest_metrics but not yet renamed the copy: the copy has the only rows."""
+    path = tmp_path / "mlflow.db"
+    store_left_mid_upgrade(path)
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    with engine.begin() as db:
+        db.exec_driver_sql("DROP TABLE latest_metrics")
+    engine.dispose()
+    before = path.read_bytes()
+    with pytest.raises(NplmError) as error:
+        check_store(f"sqlite:///{path}")
+    assert str(error.value) == (
+        f"tracking store {path} was left mid-upgrade by MLflow: table latest_metrics exists only as "
+        f"_alembic_tmp_latest_metrics; back up the file, run sqlite3 {path} 'ALTER TABLE _alembic_tmp_latest_metrics"
+        " RENAME TO latest_metrics', then run again"
+    )
+    assert path.read_bytes() == before
