@@ -23,7 +23,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.config import check_config, cli, errors_exit, is_neural, one_line
@@ -75,6 +75,8 @@ def train_neural(
     callbacks = [
         instantiate(c, **ACTS_ON.get(name, {})) for name, c in cfg.callbacks.items() if bars or name != "progress_bar"
     ]
+    if cfg.trainer.get("max_time") is None:  # with max_time, Lightning adds its own Timer
+        callbacks.append(Timer())  # the fit's wall time, carried across resumes in the checkpoint
     trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
     trainer.fit(
         module,
@@ -88,8 +90,11 @@ def train_neural(
     if best:
         logger.experiment.log_artifact(logger.run_id, best, "checkpoints")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
-    logger.log_metrics({"epochs": trainer.current_epoch})  # epochs trained, across resumes (the report's cost)
-    return metrics | {"epochs": float(trainer.current_epoch)}
+    # the report's costs: epochs trained and seconds in fit (training and validation), across resumes
+    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+    cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
+    logger.log_metrics(cost)
+    return metrics | cost
 
 
 def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: RunLogger) -> dict[str, float]:

@@ -85,7 +85,7 @@ def stop_mid_second_epoch(args: list[str], workdir: Path, uri: str, how: signal.
 @pytest.mark.parametrize(
     "how,status,exit_code",
     [
-        (signal.SIGKILL, "RUNNING", -9),
+        pytest.param(signal.SIGKILL, "RUNNING", -9, marks=pytest.mark.slow),
         pytest.param(signal.SIGTERM, "KILLED", 130, marks=pytest.mark.slow),
         pytest.param(signal.SIGINT, "KILLED", 130, marks=pytest.mark.slow),
     ],

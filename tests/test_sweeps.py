@@ -283,3 +283,24 @@ def test_grid_sweeps_the_five_knobs_with_seeds_mixtures_last() -> None:
     assert len(jobs) == 64 and len({tuple(j.items()) for j in jobs}) == 64
     mixes = [j["model.mix"] for j in jobs]
     assert mixes == sorted(mixes, key=["none", "fixed"].index)
+
+
+@pytest.mark.slow
+def test_brown_sampled_trains_each_mlp_both_ways_and_its_report_pairs_them(brown_path: Path, tmp_path: Path) -> None:
+    """sweeps/brown_sampled narrowed to MLP9 on a slice: one exact and one sampled job, same seed and data; the
+    report's section gives both exact perplexities, epochs, minutes in fit and the speed-up."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = ["+experiment=mlp9", f"data.path={brown_path}", *SLICE, "trainer.max_epochs=1", "optim.samples=100"]
+    nplm_sweep(tmp_path, "brown_sampled", *overrides, f"tracking.uri={uri}")
+    _, jobs = split(runs_of(uri))
+    assert sorted(jobs["params.optim.output"].fillna("exact")) == ["exact", "sampled"]
+    assert (jobs["status"] == "FINISHED").all() and (jobs["tags.study"] == "brown_sampled").all()
+    report = (tmp_path / "reports" / "brown_sampled.md").read_text()
+    assert "## Sampled against exact training" in report
+    number = r"[0-9.]+"
+    assert re.search(
+        rf"MLP9: exact valid {number}, test {number}, 1 epochs, {number} min; sampled \(k=100, bigram proposal, "
+        rf"importance\) valid {number} \([+-]{number}%\), test {number} \([+-]{number}%\), 1 epochs, {number} min "
+        rf"in fit: {number}x faster",
+        report,
+    ), report

@@ -56,6 +56,9 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     for split in SPLITS:
         assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
     assert run["metrics.train_tokens_per_s"] > 0
+    # the report's costs: 2 epochs, and the seconds in fit, within the run's own span
+    assert run["metrics.epochs"] == 2
+    assert 0 < run["metrics.fit_seconds"] < (run["end_time"] - run["start_time"]).total_seconds()
     # trainer.precision=auto (the default) is logged as what it resolved to, with the rates it chose by
     chosen, rates = (
         run["params.trainer.precision"],
