@@ -102,6 +102,7 @@ TEXT: dict[str, Rule] = {  # conf/data/text.yaml, ap.yaml
     "data.split.test_path": _optional(_text("a file, directory or zip")),
 }
 CORPUS_RULES = {"brown": BROWN, "text": TEXT, "ap": TEXT}
+_limit: Rule = (lambda v: type(v) is int and (v == -1 or v >= 1), "an integer >= 1, or -1 for no limit")
 NEURAL: dict[str, Rule] = {
     "model.m": _at_least(1),
     "model.h": _at_least(0),
@@ -113,6 +114,9 @@ NEURAL: dict[str, Rule] = {
     "optim.batch_size": _at_least(1),
     "optim.output": _one_of("exact", "sampled"),
     "trainer.precision": _one_of("auto", *PRECISIONS),  # bf16-mixed: products in bfloat16, eval float32
+    # 0 would train nothing and score the initial weights as if they were a model; -1 is Lightning's "no limit"
+    "trainer.max_epochs": _optional(_limit),
+    "trainer.max_steps": _optional(_limit),
     # ddp_spawn keeps the job (its MLflow run, its lock) in this process; ddp would re-run the whole command
     "trainer.strategy": _one_of("auto", "ddp_spawn"),
 }

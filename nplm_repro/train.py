@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import pickle
 import time
 import traceback
 from pathlib import Path
@@ -28,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.config import check_config, cli, errors_exit, is_neural, one_line
 from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, load_corpus
-from nplm_repro.errors import interrupted, sigterm_interrupts
+from nplm_repro.errors import NplmError, interrupted, sigterm_interrupts
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.mixture import TrigramMixture
 from nplm_repro.module import NPLMModule, TokenProbs
@@ -123,10 +124,19 @@ def token_probs(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str)
 
 def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: RunLogger, base: str) -> dict[str, float]:
     """Mix the MLP of finished run `base` with the interpolated trigram on valid and test (no retraining)."""
-    path = mlflow.artifacts.download_artifacts(
-        run_id=base, artifact_path="checkpoints/best.ckpt", tracking_uri=cfg.tracking.uri
-    )
-    module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
+    fix = "restore it, or train that MLP again (its row with rerun=true) so that the mixture finds the new run"
+    try:
+        path = mlflow.artifacts.download_artifacts(
+            run_id=base, artifact_path="checkpoints/best.ckpt", tracking_uri=cfg.tracking.uri
+        )
+    except mlflow.exceptions.MlflowException:
+        raise NplmError(f"the MLP this row mixes (run {base}) has lost its checkpoints/best.ckpt: {fix}") from None
+    try:
+        module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise NplmError(
+            f"the checkpoint of the MLP this row mixes (run {base}) is unreadable ({str(error).split('. ')[0]}): {fix}"
+        ) from None
     mlp = {split: token_probs(cfg, module, corpus, split) for split in ("valid", "test")}
     mixture = TrigramMixture(cfg.model.mix, DeletedInterpolation().fit(corpus)).fit(corpus, mlp["valid"])
     metrics: dict[str, float] = {}

@@ -66,11 +66,18 @@ def test_tracking_uri_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
         ("model.mix=half", "model.mix"),
         ("data.split.test=0", "data.split.test"),
         ("trainer.precision=16-mixed", "trainer.precision"),
+        ("optim.lr=-1", "optim.lr"),
+        ("trainer.max_epochs=0", "trainer.max_epochs"),
+        ("trainer.max_steps=0", "trainer.max_steps"),
     ],
 )
 def test_out_of_range_values_name_the_key(override: str, key: str) -> None:
     with pytest.raises(NplmError, match=rf"^{key}="):
         check_config(composed(override))
+
+
+def test_no_limit_is_minus_one() -> None:
+    check_config(composed("trainer.max_epochs=-1", "trainer.max_steps=1000"))
 
 
 def test_h0_without_direct_is_refused() -> None:

@@ -5,12 +5,14 @@ continues it in the same MLflow run from epoch 1's checkpoint and ends where an 
 seed ends. A run killed before any checkpoint is marked KILLED by the next run of its command.
 """
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
@@ -298,3 +300,88 @@ def test_a_cache_that_is_a_file_is_one_line_and_no_run(brown_path: Path, tmp_pat
         f"nplm-train: error: cache directory {tmp_path / 'cache'} is not a directory: point NPLM_CACHE at a directory"
     )
     assert runs_if_any(uri) == []
+
+
+@pytest.mark.slow
+def test_a_mixed_row_whose_mlp_lost_its_checkpoint_is_one_line_and_recovers(brown_path: Path, tmp_path: Path) -> None:
+    """MLP4 mixes MLP3's finished run: without its best.ckpt (deleted, then truncated) one line and exit 2, the
+    mixed run FAILED; after the MLP's row again with rerun=true, the mixed row finishes."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    quick = ["trainer.max_epochs=1"]
+
+    def train(*overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            command(brown_path, uri, *quick, *overrides), cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+
+    assert train().returncode == 0
+    (mlp,) = runs(uri)
+    checkpoint = next(tmp_path.glob(f"mlruns/*/{mlp.info.run_id}/artifacts/checkpoints/best.ckpt"))
+    data = checkpoint.read_bytes()
+    checkpoint.unlink()
+    lost = train("model.mix=fixed")
+    assert lost.returncode == 2
+    assert lost.stderr.strip().splitlines()[-1] == (
+        f"nplm-train: error: the MLP this row mixes (run {mlp.info.run_id}) has lost its checkpoints/best.ckpt: "
+        "restore it, or train that MLP again (its row with rerun=true) so that the mixture finds the new run"
+    )
+    checkpoint.write_bytes(data[:1000])
+    truncated = train("model.mix=fixed")
+    assert truncated.returncode == 2 and "is unreadable (" in truncated.stderr.strip().splitlines()[-1]
+    assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED"]
+    assert train("rerun=true").returncode == 0 and train("model.mix=fixed").returncode == 0
+    assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED", "FINISHED", "FINISHED"]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MB filesystem of its own (tmpfs), so that filling it fills nothing else."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write zeros into `disk` until it has no byte left; the file that holds them."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as out:
+        for chunk in (65536, 512, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    out.write(bytes(chunk))
+    return filler
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_up_during_a_run_is_one_line_and_the_next_run_recovers(
+    brown_path: Path, small_disk: Path
+) -> None:
+    """The store, checkpoints and cache on a small disk that fills up once the run is RUNNING: the store cannot
+    record the end, so the run stays RUNNING; after space is freed, the same command marks it KILLED and
+    finishes."""
+    uri = f"sqlite:///{small_disk}/mlflow.db"
+    train = [*command(brown_path, uri, "trainer.max_epochs=2", f"hydra.run.dir={small_disk}/out")]
+    env = os.environ | {"NPLM_CACHE": str(small_disk / "cache")}
+    process = subprocess.Popen(
+        train, cwd=small_disk.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    while process.poll() is None and not [r for r in runs_if_any(uri) if r.info.status == "RUNNING"]:
+        time.sleep(0.2)
+    filler = fill(small_disk)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1
+    assert re.fullmatch(
+        r"nplm-train: error: .*(disk is full|No space left on device).*", stderr.strip().splitlines()[-1]
+    )
+    assert [r.info.status for r in runs(uri)] == ["RUNNING"]
+    filler.unlink()
+    again = subprocess.run(train, cwd=small_disk.parent, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "left RUNNING by a process now gone: marked KILLED" in again.stdout
+    assert sorted(r.info.status for r in runs(uri)) == ["FINISHED", "KILLED"]
