@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from nplm_repro.cache import cache_root
+from nplm_repro.errors import NplmError
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +83,12 @@ def measure_cpu(repeats: int = 3) -> dict[str, float]:
 
 def cpu_rates() -> dict[str, float]:
     """The probe's rates for this CPU and torch version, from the cache when measured before."""
-    path = _cache_file(cpu_model())
     try:
+        path = _cache_file(cpu_model())
         return json.loads(path.read_text())["gflops"]
+    except NplmError as error:  # the cache is no directory: measured all the same, and cached nowhere
+        log.warning("precision=auto: %s; the probe's result is not cached", error)
+        return measure_cpu()
     except (OSError, ValueError, KeyError, TypeError):
         pass
     rates = measure_cpu()

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import sqlite3
 import subprocess
 import sys
@@ -188,6 +189,14 @@ def ensure_experiment(client: mlflow.MlflowClient, name: str) -> str:
         return found.experiment_id
 
 
+def store_error(error: Exception) -> str:
+    """What went wrong in a store, in one line: the database's own message where MLflow and SQLAlchemy wrap it
+    ("(sqlite3.OperationalError) attempt to write a readonly database"), else the error's first line."""
+    text = str(error).strip()
+    found = re.findall(r"\((?:\w+\.)*\w+(?:Error|Exception)\) [^\n]+", text)
+    return found[-1] if found else (text.splitlines() or [type(error).__name__])[0]
+
+
 def check_store(uri: str, create: bool = True, experiment: str | None = None) -> None:
     """Fail at once, in one line, on a store that cannot be used (before a corpus is read or a run opened).
 
@@ -213,7 +222,7 @@ def check_store(uri: str, create: bool = True, experiment: str | None = None) ->
         except NplmError:
             raise
         except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
-            raise NplmError(f"tracking store {uri!r} is unusable: {str(error).strip().splitlines()[0]}") from None
+            raise NplmError(f"tracking store {uri!r} is unusable: {store_error(error)}") from None
 
 
 def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
@@ -306,7 +315,7 @@ def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra
     try:
         logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_name=name, tags=tags)
         logger.log_hyperparams(params)
-    except Exception as error:  # MLflow raises many types for a bad store; all mean the same to the user
-        raise NplmError(f"tracking store {uri!r} is unusable: {str(error).splitlines()[0]}") from error
+    except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
+        raise NplmError(f"tracking store {uri!r} is unusable: {store_error(error)}") from None
     log.info("MLflow run %s in experiment %r at %s", logger.run_id, experiment, uri)
     return logger

@@ -85,15 +85,16 @@ def train_neural(
         val_dataloaders=loader(corpus, "valid", n, eval_batch),
         ckpt_path=resume_from,
     )
+    # the report's costs, read before `test` restores the best checkpoint (and with it the Timer's past time):
+    # epochs trained and seconds in fit (training and validation), across resumes
+    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+    cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
     trainer.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
     if best:
         logger.experiment.log_artifact(logger.run_id, best, "checkpoints")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
-    # the report's costs: epochs trained and seconds in fit (training and validation), across resumes
-    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
-    cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
     logger.log_metrics(cost)
     return metrics | cost
 

@@ -144,7 +144,7 @@ def test_corpus_smaller_than_the_splits_is_refused(brown_path: Path) -> None:
         prepare_brown(str(brown_path), train=1_000_000, valid=200_000)
 
 
-def brown_zip(path: Path, texts: dict[str, str]) -> str:
+def brown_zip(path: Path, texts: dict[str, str | bytes]) -> str:
     """A zip laid out as NLTK's brown.zip, holding these texts."""
     with zipfile.ZipFile(path, "w") as archive:
         for name, text in texts.items():
@@ -160,6 +160,7 @@ def brown_zip(path: Path, texts: dict[str, str]) -> str:
         pytest.param("no texts", "{tmp}/brown.zip: no Brown texts (ca01..cr09) found; ", marks=pytest.mark.slow),
         pytest.param("empty", "{tmp}/brown.zip: the corpus is empty (no words in 1 texts)", marks=pytest.mark.slow),
         pytest.param("too small", "the corpus has 4 tokens, too few for the requested splits ", marks=pytest.mark.slow),
+        pytest.param("corrupt member", "{tmp}/brown.zip: ca02 is not UTF-8 at byte 1: ", marks=pytest.mark.slow),
     ],
 )
 def test_bad_corpus_is_one_line_exit_2_and_no_run(case: str, message: str, brown_path: Path, tmp_path: Path) -> None:
@@ -170,7 +171,12 @@ def test_bad_corpus_is_one_line_exit_2_and_no_run(case: str, message: str, brown
     elif case == "truncated":
         corpus.write_bytes(brown_path.read_bytes()[:100_000])
     else:
-        texts = {"no texts": {"README": "nothing"}, "empty": {"ca01": "\n\n"}, "too small": {"ca01": "a/at b/nn\n"}}
+        texts = {
+            "no texts": {"README": "nothing"},
+            "empty": {"ca01": "\n\n"},
+            "too small": {"ca01": "a/at b/nn\n"},
+            "corrupt member": {"ca01": "a/at b/nn\n", "ca02": b"a\xac\xff garbage"},
+        }
         brown_zip(corpus, texts[case])
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [str(Path(sys.executable).parent / "nplm-train"), f"data.path={corpus}", f"tracking.uri={uri}"]

@@ -385,3 +385,65 @@ def test_a_disk_that_fills_up_during_a_run_is_one_line_and_the_next_run_recovers
     assert again.returncode == 0, again.stderr[-3000:]
     assert "left RUNNING by a process now gone: marked KILLED" in again.stdout
     assert sorted(r.info.status for r in runs(uri)) == ["FINISHED", "KILLED"]
+
+
+@pytest.mark.slow
+def test_paths_with_spaces_and_non_ascii_and_stale_lock_files_just_work(brown_path: Path, tmp_path: Path) -> None:
+    """The corpus and the store in a folder named with a space and non-ASCII letters, and lock files left behind
+    by a process long gone (beside the store and in the cache): the run finishes, and reads from there."""
+    folder = tmp_path / "my data ünï"
+    folder.mkdir()
+    corpus = folder / "brown.zip"
+    corpus.write_bytes(brown_path.read_bytes())
+    (folder / "mlflow.db.lock").write_text("left behind")
+    (tmp_path / "cache" / "locks").mkdir(parents=True)
+    for name in ("run-0000000000000000.lock", "mlp-0000000000000000.lock"):
+        (tmp_path / "cache" / "locks" / name).write_text("left behind")
+    uri = f"sqlite:///{folder}/mlflow.db"
+    train = [NPLM_TRAIN, f"data.path='{corpus}'", *SLICE, "+experiment=kn3", f"tracking.uri='{uri}'"]
+    env = os.environ | {"NPLM_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run(train, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = runs(uri)
+    assert run.info.status == "FINISHED" and run.data.tags["data_source"] == str(corpus)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_corpus_is_read_is_exit_130_and_leaves_no_run(brown_path: Path, tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    train = [NPLM_TRAIN, f"data.path={brown_path}", "+experiment=mlp3", f"tracking.uri={uri}"]
+    process = subprocess.Popen(train, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if "torch threads" in line:  # logged just before the whole of Brown is read
+            break
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert stderr.strip().splitlines()[-1] == "nplm-train: interrupted (a run being recorded is now KILLED)"
+    assert runs_if_any(uri) == []
+
+
+@pytest.mark.slow
+def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path: Path, small_disk: Path) -> None:
+    """A store on a filesystem mounted read-only (root ignores file permissions, so a mount it is): nplm-train
+    stops with the database's own one line and exit 2, and nplm-report still reads the store."""
+    uri = f"sqlite:///{small_disk}/mlflow.db"
+    rows = [
+        NPLM_TRAIN,
+        f"data.path={brown_path}",
+        *SLICE,
+        f"tracking.uri={uri}",
+        f"hydra.run.dir={small_disk.parent}/o",
+    ]
+    assert subprocess.run([*rows, "+experiment=kn3"], cwd=small_disk.parent, capture_output=True).returncode == 0
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    result = subprocess.run([*rows, "+experiment=kn4"], cwd=small_disk.parent, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"nplm-train: error: tracking store '{uri}' is unusable: "
+        "(sqlite3.OperationalError) attempt to write a readonly database"
+    )
+    out = small_disk.parent / "reports"
+    report = [str(Path(sys.executable).parent / "nplm-report"), "--tracking-uri", uri, "--out", str(out)]
+    assert subprocess.run(report, cwd=small_disk.parent, capture_output=True).returncode == 0
+    assert "Kneser-Ney back-off" in (out / "brown_table1.md").read_text()
