@@ -405,7 +405,7 @@ def test_paths_with_spaces_and_non_ascii_and_stale_lock_files_just_work(brown_pa
     result = subprocess.run(train, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(uri)
-    assert run.info.status == "FINISHED" and run.data.tags["data_source"] == str(corpus)
+    assert run.info.status == "FINISHED" and run.data.tags["data_source"] == "brown.zip"
 
 
 @pytest.mark.slow
@@ -447,3 +447,35 @@ def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path
     report = [str(Path(sys.executable).parent / "nplm-report"), "--tracking-uri", uri, "--out", str(out)]
     assert subprocess.run(report, cwd=small_disk.parent, capture_output=True).returncode == 0
     assert "Kneser-Ney back-off" in (out / "brown_table1.md").read_text()
+
+
+@pytest.mark.slow
+def test_mlflow_tracking_uri_pointing_nowhere_is_one_line_before_any_work(tmp_path: Path) -> None:
+    env = os.environ | {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
+    result = subprocess.run(
+        [NPLM_TRAIN, "+experiment=kn3"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "nplm-train: error: tracking store 'http://127.0.0.1:9' is unreachable: ConnectionError on /health"
+    )
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_mixed_row_is_recovered_by_the_same_command(brown_path: Path, tmp_path: Path) -> None:
+    """A mixed row with no finished MLP trains that MLP first, as a run of its own; `kill -9` while it does leaves
+    that run RUNNING. The same command again finishes the MLP (resumed or anew), then the mixture; none RUNNING."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mixed = command(brown_path, uri, "model.mix=fixed")
+    process = subprocess.Popen(mixed, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while process.poll() is None and not [r for r in runs_if_any(uri) if r.info.status == "RUNNING"]:
+        time.sleep(0.2)
+    process.kill()
+    process.wait()
+    assert [r.info.status for r in runs(uri)] == ["RUNNING"]
+    again = subprocess.run(mixed, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    statuses = sorted(r.info.status for r in runs(uri))
+    assert "RUNNING" not in statuses and statuses.count("FINISHED") == 2
+    mixture = next(r for r in runs(uri) if r.data.params.get("model.mix") == "fixed")
+    assert mixture.data.tags["base_run_id"] in {r.info.run_id for r in runs(uri) if r.info.status == "FINISHED"}

@@ -341,3 +341,14 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
         assert float(cells[14]) == round(ours["metrics.test_ppl"], 1) and cells[15] == str(paper_test)
         assert 1 < ours["metrics.test_ppl"] < corpus.vocab_size
     assert "## Missing (no run)\n\n- Del. Int.\n- Kneser-Ney back-off n=4\n- Kneser-Ney back-off n=5\n" in md
+
+
+def test_an_empty_file_in_a_directory_corpus_is_read_as_an_empty_text(tmp_path: Path) -> None:
+    """Counted as a file, and it adds only the end-of-text mark a text ends with: no error, no words."""
+    write(tmp_path / "dir" / "a.txt", "the cat sat .\n\nthe dog ran .\n" * 10)
+    without = prepare_text(str(tmp_path / "dir"), train=60, valid=10)
+    write(tmp_path / "dir" / "b.txt", "")
+    with_empty = prepare_text(str(tmp_path / "dir"), train=60, valid=10)
+    assert (with_empty.count_tags()["count.files"], without.count_tags()["count.files"]) == ("2", "1")
+    assert with_empty.count_tags()["count.words"] == without.count_tags()["count.words"]
+    assert len(with_empty.ids) == len(without.ids) + 1 and with_empty.vocab == without.vocab
