@@ -38,7 +38,7 @@ def mean_sampled_gradient_error(samples: int, draws: int, estimator: str = "impo
     return float((total / draws - exact).norm() / exact.norm())
 
 
-@pytest.mark.parametrize("estimator", ["importance", "sampled_softmax"])
+@pytest.mark.parametrize("estimator", ["importance", pytest.param("sampled_softmax", marks=pytest.mark.slow)])
 def test_sampled_gradient_approaches_the_exact_one_as_k_grows(estimator: str) -> None:
     """Self-normalised importance sampling is biased by O(1/k): the mean over many draws closes on the exact
     gradient as k grows (measured 0.28, 0.066, 0.018 for importance at k = 4, 32, 512; 0.32, 0.071, 0.020 for
