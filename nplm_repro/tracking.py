@@ -18,7 +18,7 @@ from typing import Any
 import mlflow
 import pandas as pd
 import requests
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
@@ -140,6 +140,9 @@ def store_lock(uri: str) -> Iterator[None]:
     try:
         if lock is not None:
             lock.acquire(timeout=600)
+    except Timeout:  # a process hung while opening the store: go on without it rather than wait for ever
+        log.warning("tracking store %s: its lock %s.lock is held for 600 s; opening the store without it", path, path)
+        lock = None
     except OSError:  # a read-only directory: nothing can create or migrate a store there either
         lock = None
     try:
