@@ -40,15 +40,17 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nplm_repro.config import check_config, cli, errors_exit
-from nplm_repro.corpus import Corpus, load_corpus
+from nplm_repro.baselines.mixture import TrigramMixture
+from nplm_repro.baselines.ngram import DeletedInterpolation, perplexity_of
+from nplm_repro.checks import check_config
+from nplm_repro.cli import cli, errors_exit
+from nplm_repro.data.corpus import Corpus, load_corpus
+from nplm_repro.data.windows import loader
 from nplm_repro.errors import NplmError
 from nplm_repro.memory import keep_freed_memory
-from nplm_repro.mixture import TrigramMixture
-from nplm_repro.module import NPLMModule
-from nplm_repro.ngram import DeletedInterpolation, perplexity_of
-from nplm_repro.precision import PRECISIONS, output_layer_gflops, resolve
-from nplm_repro.train import loader, token_probs
+from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.precision import PRECISIONS, output_layer_gflops, resolve
+from nplm_repro.models.training import token_probs
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The one exception type that reaches the user as a single line (no traceback), and how an interrupt looks."""
+"""The one exception type that reaches the user as a single line (no traceback), how an error reads in one line,
+and how an interrupt looks."""
 
 from __future__ import annotations
 
@@ -28,3 +29,11 @@ def sigterm_interrupts() -> None:
     """SIGTERM (kill, SLURM's preemption) stops a job as Ctrl-C does: its run ends KILLED, resumable."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm)
+
+
+def one_line(error: BaseException) -> str:
+    """Hydra/OmegaConf messages span lines; keep the first line of the error and of its cause."""
+    parts = [(str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")]
+    if error.__cause__ is not None and str(error.__cause__).strip():
+        parts.append(str(error.__cause__).strip().splitlines()[0])
+    return ": ".join(parts)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from nplm_repro.corpus import Corpus, prepare_brown
+from nplm_repro.data.corpus import Corpus, prepare_brown
 
 BROWN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "brown.zip"
 

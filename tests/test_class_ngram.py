@@ -13,18 +13,18 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from nplm_repro.cache import CACHE_ENV, cache_root
-from nplm_repro.class_ngram import (
+from nplm_repro.baselines.class_ngram import (
     ClassBackoff,
     ClassBigrams,
     cache_path,
     cluster_words,
     exchange_clustering,
 )
-from nplm_repro.config import check_config
-from nplm_repro.corpus import END_OF_TEXT, UNK, Corpus, prepare_brown
+from nplm_repro.baselines.ngram import KneserNey, split_windows
+from nplm_repro.cache import CACHE_ENV, cache_root
+from nplm_repro.checks import check_config
+from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus, prepare_brown
 from nplm_repro.errors import NplmError
-from nplm_repro.ngram import KneserNey, split_windows
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 C = 30  # classes on the small slice

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from nplm_repro.config import check_config
+from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -10,9 +10,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus, find_brown, prepare_brown
+from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus, find_brown, prepare_brown
+from nplm_repro.data.windows import WindowBatches, split_context, windows
 from nplm_repro.errors import NplmError
-from nplm_repro.windows import WindowBatches, split_context, windows
 
 
 def test_brown_stream_facts(brown: Corpus) -> None:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from nplm_repro.model import NPLM
+from nplm_repro.models.nplm import NPLM
 
 
 def hand_logits(model: NPLM, context: list[int]) -> list[float]:

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from nplm_repro.corpus import END_OF_TEXT, UNK, Corpus, prepare_brown, split_bounds
-from nplm_repro.em import fit_mixture, mixture_probs
+from nplm_repro.baselines.em import fit_mixture, mixture_probs
+from nplm_repro.baselines.ngram import DeletedInterpolation, GramIndex, KneserNey, perplexity_of, split_windows
+from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus, prepare_brown, split_bounds
 from nplm_repro.errors import NplmError
-from nplm_repro.ngram import DeletedInterpolation, GramIndex, KneserNey, perplexity_of, split_windows
 
 
 def tiny_corpus(train: str, valid: str, test: str) -> Corpus:

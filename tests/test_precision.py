@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nplm_repro.precision import resolve
+from nplm_repro.models.precision import resolve
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.errors import NplmError
-from nplm_repro.report import build
-from nplm_repro.tracking import ORPHANED
+from nplm_repro.reporting.report_all import build
+from nplm_repro.tracking.ledger import ORPHANED
 
 SLICE = ["data.split.train=60000", "data.split.valid=5000", "data.split.test=5000"]
 SMALL = [*SLICE, "+experiment=mlp3", "model.m=8", "trainer.max_epochs=3", "seed=5", "trainer.enable_progress_bar=false"]

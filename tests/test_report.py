@@ -22,17 +22,18 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from nplm_repro import report, train
-from nplm_repro.claims import FAILS, HOLDS, NOT_MEASURED, PARTLY, check_claims
 from nplm_repro.errors import NplmError
-from nplm_repro.report import build, label, paper_table, write
-from nplm_repro.tracking import flat_params
+from nplm_repro.reporting import report_all as report
+from nplm_repro.reporting.claims import FAILS, HOLDS, NOT_MEASURED, PARTLY, check_claims
+from nplm_repro.reporting.report_all import build, label, paper_table, write
+from nplm_repro.tracking import ledger
+from nplm_repro.tracking.records import flat_params
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
 ROWS = ("del_int", "kn3", "kn4", "mlp5", "mlp6")
-PAPER_ROWS = list(pd.read_csv(Path(report.__file__).parent / "paper" / "brown_table1.csv")["name"])
+PAPER_ROWS = list(pd.read_csv(Path(__file__).resolve().parents[1] / "nplm_repro" / "paper" / "brown_table1.csv")["name"])
 FP_NEW, FP_OLD = "feedfacefeedface", "0123456789abcdef"
 T0 = 1_700_000_000_000  # ms; `start` below counts seconds after it
 
@@ -88,11 +89,11 @@ def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.Tem
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
         for row in ROWS:
-            train.run(composed(f"+experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"))
+            ledger.run(composed(f"+experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"))
         learned = ["model.mix=learned", "study=brown_mixtures", "callbacks.model_checkpoint.dirpath=unused"]
-        train.run(composed("+experiment=mlp6", *common, *learned))  # as sweeps/brown_mixtures runs it
+        ledger.run(composed("+experiment=mlp6", *common, *learned))  # as sweeps/brown_mixtures runs it
         vocab = ["data.max_unk_freq=4", "study=brown_vocab", "callbacks.model_checkpoint.dirpath=unused"]
-        train.run(composed("+experiment=kn3", *common, *vocab))  # as sweeps/brown_vocab runs it
+        ledger.run(composed("+experiment=kn3", *common, *vocab))  # as sweeps/brown_vocab runs it
     return workdir, uri
 
 
@@ -116,7 +117,7 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     required += "paper_test_ppl, seeds"
     assert list(table.columns[:14]) == required.split(", ")
     assert list(table["row"]) == PAPER_ROWS
-    paper = pd.read_csv(Path(report.__file__).parent / "paper" / "brown_table1.csv")
+    paper = pd.read_csv(Path(__file__).resolve().parents[1] / "nplm_repro" / "paper" / "brown_table1.csv")
     for column in ("n", "c", "h", "m", "direct", "mix"):
         assert table[column].fillna("").astype(str).tolist() == paper[column].fillna("").astype(str).tolist()
     for split in ("train", "valid", "test"):

@@ -11,11 +11,11 @@ from test_config import CONF, composed
 from test_speed import script
 from torch.nn import functional as F
 
-from nplm_repro.config import check_config
+from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
-from nplm_repro.model import NPLM
-from nplm_repro.sampled_loss import Proposal, SparseSGD, sampled_cross_entropy
-from nplm_repro.tracking import config_key, model_key
+from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.sampled_loss import Proposal, SparseSGD, sampled_cross_entropy
+from nplm_repro.tracking.keys import config_key, model_key
 
 
 def _gradients(model: NPLM, loss: torch.Tensor) -> torch.Tensor:
@@ -90,9 +90,9 @@ def test_sampled_config_is_checked_and_keyed_apart_from_exact() -> None:
     exact, sampled = composed("+experiment=mlp5"), composed("+experiment=mlp5", "optim=sampled")
     check_config(sampled)
     assert sampled.optim.output == "sampled" and sampled.trainer.limit_val_batches == 0.25
-    assert config_key(exact, corpus) != config_key(sampled, corpus) and model_key(exact, corpus) != model_key(
-        sampled, corpus
-    )
+    assert config_key(exact, corpus.fingerprint) != config_key(sampled, corpus.fingerprint) and model_key(
+        exact, corpus.fingerprint
+    ) != model_key(sampled, corpus)
     for override, key in [
         ("optim.samples=0", "optim.samples"),
         ("optim.proposal=zipf", "optim.proposal"),
@@ -111,7 +111,7 @@ def test_todays_keys_are_those_of_stored_runs() -> None:
         keys = {}
         for row in ("mlp5", "kn3", "mlp6"):
             cfg = compose("config", overrides=[f"+experiment={row}", "trainer.precision=bf16-mixed"])
-            keys[row] = (config_key(cfg, corpus), model_key(cfg, corpus))
+            keys[row] = (config_key(cfg, corpus.fingerprint), model_key(cfg, corpus.fingerprint))
     assert keys == {
         "mlp5": ("8b13a004ab62ee3a", "c6639489501f8df8"),
         "kn3": ("683563fe4129996c", "7e68f41a4a06f4f6"),

@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from nplm_repro.bf16_loss import bf16_cross_entropy
-from nplm_repro.corpus import Corpus
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.windows import loader
 from nplm_repro.memory import keep_freed_memory
-from nplm_repro.model import NPLM
-from nplm_repro.precision import resolve
-from nplm_repro.train import loader
+from nplm_repro.models.bf16_loss import bf16_cross_entropy
+from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.precision import resolve
 
 SHAPES = [(100, False), (50, True), (0, True)]
 

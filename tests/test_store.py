@@ -12,7 +12,7 @@ from mlflow.store.db.utils import _get_alembic_config
 from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking import check_store
+from nplm_repro.tracking.store import check_store
 
 ROWS = ["del_int", "kn3", "kn4", "kn5"]
 SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]

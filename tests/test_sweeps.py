@@ -17,10 +17,10 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.config import check_config
+from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
-from nplm_repro.report import build
-from nplm_repro.sweep import mlp_lock
+from nplm_repro.reporting.report_all import build
+from nplm_repro.tracking.locks import mlp_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS, CONF = ROOT / "sweeps", ROOT / "conf"

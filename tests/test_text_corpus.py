@@ -11,10 +11,10 @@ import mlflow
 import pytest
 from hydra import compose, initialize_config_dir
 
-from nplm_repro.config import check_config
-from nplm_repro.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, read_brown
+from nplm_repro.checks import check_config
+from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, read_brown
+from nplm_repro.data.text import AP_SPLIT, PROPER, TextCorpus, number_symbol, prepare_text, tokenize
 from nplm_repro.errors import NplmError
-from nplm_repro.text_corpus import AP_SPLIT, PROPER, TextCorpus, number_symbol, prepare_text, tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
 TREEBANK = ROOT.parent / "shared" / "data" / "treebank.zip"

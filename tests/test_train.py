@@ -10,9 +10,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.corpus import END_OF_TEXT, SPLITS, Corpus, prepare_brown
-from nplm_repro.module import NPLMModule
-from nplm_repro.train import loader
+from nplm_repro.data.corpus import END_OF_TEXT, SPLITS, Corpus, prepare_brown
+from nplm_repro.data.windows import loader
+from nplm_repro.models.lightning_module import NPLMModule
 
 SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]

@@ -12,33 +12,31 @@ Hydra calls `on_multirun_end` only when every job succeeded; `ends_sweeps` ends 
 with its report listing the failed rows, after a failed job; KILLED after Ctrl-C or SIGTERM, and with it the
 runs of joblib's workers, which joblib kills outright (each once its config_lock shows the worker gone).
 
-`mlp_lock`: a mixed row (MLP2 ...) and the row of its MLP (MLP1 ...) may run at the same time; whichever
-comes second waits for the first to finish training instead of training the same MLP again.
-`config_lock`: held by the job recording a run of a config_key, so a RUNNING run of that key found by the
-lock's holder has lost its process (kill -9, out of memory, a lost machine).
+The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`),
+looked up when the sweep ends: tracking does not import the reporting code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import mlflow
-from filelock import FileLock, Timeout
-from hydra.core.hydra_config import HydraConfig
+from filelock import Timeout
 from hydra.experimental.callback import Callback
+from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.cache import cache_root
-from nplm_repro.errors import NplmError, interrupted, sigterm_interrupts
-from nplm_repro.tracking import check_store, end_orphans, ensure_experiment
+from nplm_repro.errors import interrupted, sigterm_interrupts
+from nplm_repro.tracking.ledger import end_orphans
+from nplm_repro.tracking.locks import config_lock
+from nplm_repro.tracking.store import check_store, ensure_experiment
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,8 @@ class MlflowSweep(Callback):
 
     open: ClassVar[MlflowSweep | None] = None  # the sweep this process launched, until it ends
 
-    def __init__(self) -> None:
+    def __init__(self, report_with: str | None = None) -> None:
+        self.report_with = report_with  # "module.function"(uri, experiment, study, out): writes the study's report
         self.parent_run_id: str | None = None
         self.uri: str | None = None
         self.experiment: str | None = None
@@ -118,8 +117,8 @@ class MlflowSweep(Callback):
             mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status)
             if status == "KILLED" and "joblib" in self.launcher:  # SLURM's jobs live on without the launcher
                 self.end_killed_jobs()
-        if status != "KILLED" and self.report and self.study:
-            write_report(self.uri, self.experiment, self.study, Path(self.report))
+        if status != "KILLED" and self.report and self.study and self.report_with:
+            get_method(self.report_with)(self.uri, self.experiment, self.study, Path(self.report))
 
     def end_killed_jobs(self, wait: float = 30.0) -> None:
         """Mark KILLED this sweep's runs left RUNNING by workers that are gone (their config_lock is free)."""
@@ -150,49 +149,3 @@ def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
             raise
 
     return run
-
-
-def write_report(uri: str, experiment: str, study: str, out: Path) -> None:
-    """The study's report, as `nplm-report --study` writes it; a report that cannot be built is only a warning."""
-    from nplm_repro.report import build, write  # matplotlib and the report code load only when a sweep ends
-
-    try:
-        for path in write(build(uri, experiment, study), out):
-            log.info("report: %s", path)
-    except NplmError as error:
-        log.warning("no report of study %s: %s", study, error)
-
-
-def launcher_threads() -> int | None:
-    """The launcher's `cpus_per_task` (submitit: SLURM or local), for `threads: null`; None for other launchers."""
-    if not HydraConfig.initialized():
-        return None
-    return HydraConfig.get().launcher.get("cpus_per_task")
-
-
-@contextlib.contextmanager
-def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
-    """Hold lock file `name` under $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks), waiting for its `holder`
-    (at most `timeout` seconds, then Timeout; -1 = for ever)."""
-    root = cache_root() / "locks"
-    root.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(root / f"{name}.lock")
-    try:
-        lock.acquire(blocking=False)
-    except Timeout:
-        log.info("another job is %s: waiting for it", holder)
-        lock.acquire(timeout=timeout)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
-    """Hold the lock of the MLP with this model_key while training or looking for its finished run."""
-    return _hold(f"mlp-{key}", f"training the MLP with model_key {key}")
-
-
-def config_lock(key: str, timeout: float = -1) -> contextlib.AbstractContextManager[None]:
-    """Hold the lock of this config_key while looking for its runs and recording one."""
-    return _hold(f"run-{key}", f"recording a run of config_key {key}", timeout)

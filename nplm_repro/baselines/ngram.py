@@ -12,15 +12,20 @@ np.bincount or a fancy index over those ids: no Python loop over tokens or n-gra
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig
 
-from nplm_repro.corpus import END_OF_TEXT, Corpus
-from nplm_repro.em import MixtureFit, fit_mixture, mixture_probs
+from nplm_repro.baselines.em import MixtureFit, fit_mixture, mixture_probs
+from nplm_repro.data.corpus import END_OF_TEXT, SPLITS, Corpus
+from nplm_repro.data.windows import windows
 from nplm_repro.errors import NplmError
-from nplm_repro.windows import windows
+from nplm_repro.perplexity import perplexity_of
 
 # ngram-count's defaults -gt1min 1 -gt2min 1 -gt3min 2 (and 2 for every higher order): with -kndiscount
 # they drop the n-grams of order >= 3 whose (modified) count is 1, their mass going to the back-off.
@@ -31,11 +36,6 @@ def split_windows(corpus: Corpus, split: str, n: int) -> np.ndarray:
     """[size, n] int64 rows (w_{t-n+1}, ..., w_t) for every token t of the split, as every model scores."""
     start, end = corpus.bounds[split]
     return windows(corpus.ids, start, end, n, corpus.vocab.index(END_OF_TEXT)).numpy()
-
-
-def perplexity_of(probs: np.ndarray) -> float:
-    """exp of the mean negative log-probability, accumulated in float64."""
-    return float(np.exp(-np.mean(np.log(np.asarray(probs, dtype=np.float64)))))
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class NgramModel:
     """Shared interface: `fit(corpus)` on its training split, then a probability for every token of a split."""
 
     order: int
+    family: str  # its name in run keys and reports (nplm_repro.tracking.keys)
     fingerprint: str | None = None
 
     def fit(self, corpus: Corpus) -> NgramModel:
@@ -148,6 +149,8 @@ class DeletedInterpolation(NgramModel):
     which 5..14 occur), and are fitted by EM on the validation split, which is not counted. A bin with
     no validation token keeps uniform weights.
     """
+
+    family = "deleted_interpolation"
 
     order = 3
 
@@ -255,6 +258,8 @@ class KneserNey(NgramModel):
     Not reproduced: SRILM's fix-ups for degenerate contexts (no back-off mass left), which need
     discounts of 0 and do not occur here.
     """
+
+    family = "kneser_ney"
 
     def __init__(
         self,
@@ -366,3 +371,18 @@ class KneserNey(NgramModel):
         for level, stats in self.stats.items():
             info |= {f"{level}gram.{name}": value for name, value in stats.items()}
         return info
+
+
+def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: Logger) -> dict[str, float]:
+    """Count on train (weights by EM on valid where the model has them), score every split."""
+    model: NgramModel = instantiate(cfg.model, _convert_="all")
+    start = time.perf_counter()
+    model.fit(corpus)
+    metrics = {"fit_seconds": time.perf_counter() - start}
+    for split in SPLITS:
+        metrics[f"{split}_ppl"] = model.perplexity(corpus, split)
+        metrics[f"{split}_tokens"] = float(corpus.size(split))
+    metrics["score_seconds"] = time.perf_counter() - start - metrics["fit_seconds"]
+    logger.log_hyperparams({f"fit.{k}".replace("+", "plus"): v for k, v in model.describe().items()})
+    logger.log_metrics(metrics)
+    return metrics

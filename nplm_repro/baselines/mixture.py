@@ -10,13 +10,22 @@ probability of every validation and test token.
 
 from __future__ import annotations
 
-import numpy as np
+import pickle
 
-from nplm_repro.corpus import Corpus
-from nplm_repro.em import MixtureFit, fit_mixture, mixture_probs
-from nplm_repro.ngram import DeletedInterpolation
+import numpy as np
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig
+
+from nplm_repro.baselines.em import MixtureFit, fit_mixture, mixture_probs
+from nplm_repro.baselines.ngram import DeletedInterpolation
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.errors import NplmError
+from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.training import token_probs
+from nplm_repro.perplexity import perplexity_of
 
 MIX_MODES = ("none", "fixed", "learned", "context")
+REMIX = "restore it, or train that MLP again (its row with rerun=true) so that the mixture finds the new run"
 
 
 class TrigramMixture:
@@ -57,3 +66,23 @@ class TrigramMixture:
         else:
             info["lambda"] = round(float(self.weights[0, 0]), 4)
         return info
+
+
+def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: Logger, path: str, base: str) -> dict[str, float]:
+    """Mix the MLP of checkpoint `path` (finished run `base`) with the interpolated trigram on valid and test."""
+    try:
+        module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise NplmError(
+            f"the checkpoint of the MLP this row mixes (run {base}) is unreadable ({str(error).split('. ')[0]}): {REMIX}"
+        ) from None
+    mlp = {split: token_probs(cfg, module, corpus, split) for split in ("valid", "test")}
+    mixture = TrigramMixture(cfg.model.mix, DeletedInterpolation().fit(corpus)).fit(corpus, mlp["valid"])
+    metrics: dict[str, float] = {}
+    for split, probs in mlp.items():
+        metrics[f"{split}_ppl"] = perplexity_of(mixture.probs(corpus, split, probs))
+        metrics[f"mlp_{split}_ppl"] = perplexity_of(probs)
+        metrics[f"{split}_tokens"] = float(len(probs))
+    logger.log_hyperparams({f"mix.{k}": v for k, v in mixture.describe().items()})
+    logger.log_metrics(metrics)
+    return metrics

@@ -216,7 +216,7 @@ def prepare_brown(
     return corpus
 
 
-CORPORA = ("brown", "text", "ap")  # data.corpus: Brown's reader, or a plain-text corpus (nplm_repro.text_corpus)
+CORPORA = ("brown", "text", "ap")  # data.corpus: Brown's reader, or a plain-text corpus (nplm_repro.data.text)
 
 
 def load_corpus(data: Any) -> Corpus:
@@ -224,7 +224,7 @@ def load_corpus(data: Any) -> Corpus:
     if data.corpus not in CORPORA:
         raise NplmError(f"data.corpus={data.corpus!r} is not known (known: {', '.join(CORPORA)})")
     if data.corpus != "brown":
-        from nplm_repro.text_corpus import load_text  # it builds on this module
+        from nplm_repro.data.text import load_text  # it builds on this module
 
         return load_text(data)
     split = data.split

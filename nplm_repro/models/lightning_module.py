@@ -31,15 +31,17 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.nn import functional as F
 
-from nplm_repro.bf16_loss import bf16_cross_entropy
-from nplm_repro.corpus import SPLITS
+from nplm_repro.data.corpus import SPLITS
+from nplm_repro.data.windows import WindowBatches
 from nplm_repro.errors import NplmError
-from nplm_repro.model import NPLM
-from nplm_repro.sampled_loss import Proposal, SparseSGD, sampled_cross_entropy
-from nplm_repro.windows import WindowBatches
+from nplm_repro.models.bf16_loss import bf16_cross_entropy
+from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.sampled_loss import Proposal, SparseSGD, sampled_cross_entropy
 
 
 class NPLMModule(L.LightningModule):
+    family = "mlp"  # its name in run keys and reports (nplm_repro.tracking.keys)
+
     def __init__(self, vocab_size: int, n: int, m: int, h: int, direct: bool, optim: dict[str, Any]) -> None:
         super().__init__()
         self.save_hyperparameters()

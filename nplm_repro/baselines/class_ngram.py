@@ -47,10 +47,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nplm_repro.baselines.ngram import SRILM_MIN_COUNTS, KneserNey, NgramModel
 from nplm_repro.cache import cache_root
-from nplm_repro.corpus import END_OF_TEXT, Corpus
+from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.errors import NplmError
-from nplm_repro.ngram import SRILM_MIN_COUNTS, KneserNey, NgramModel
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +342,8 @@ class ClassBackoff(NgramModel):
     the clustering (exchange, passes until no word moves or max_passes); cache, cache_dir: the clustering
     cache (cache_dir None = $NPLM_CACHE or ~/.cache/nplm_repro).
     """
+
+    family = "class_based"
 
     def __init__(
         self,

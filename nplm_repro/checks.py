@@ -1,4 +1,4 @@
-"""Config checks and the console-script wrapper: a bad key or value is one line and a non-zero exit.
+"""Config checks: a value that composes but makes no sense is refused, naming its key, before any work.
 
 Hydra already rejects unknown keys (the composed config is in struct mode); `check_config` rejects values
 that compose fine but make no sense, naming the key, before any data is read or any run is created.
@@ -6,28 +6,18 @@ that compose fine but make no sense, naming the key, before any data is read or 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-import os
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from nplm_repro.corpus import CORPORA
-from nplm_repro.errors import NplmError, interrupted
-from nplm_repro.mixture import MIX_MODES
-from nplm_repro.precision import PRECISIONS
-from nplm_repro.sampled_loss import ESTIMATORS, PROPOSALS
-
-EXIT_FAILED = 1  # anything else that went wrong: the run is FAILED, its traceback in the run's error.txt
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130  # as a shell reports a job stopped by Ctrl-C
-
+from nplm_repro.baselines.mixture import MIX_MODES
+from nplm_repro.data.corpus import CORPORA
+from nplm_repro.errors import NplmError
+from nplm_repro.models.precision import PRECISIONS
+from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS
+from nplm_repro.tracking.keys import is_neural
 
 Rule = tuple[Callable[[Any], bool], str]
 
@@ -132,12 +122,6 @@ RECIPES: dict[str, dict[str, Rule]] = {
     "paper": {"optim.decay_rate": _number(0)},
     "fast": {"optim.plateau_factor": _number(0, 1, low_open=True)},
 }
-NEURAL_MODEL = "nplm_repro.module.NPLMModule"
-
-
-def is_neural(cfg: DictConfig) -> bool:
-    """Whether `model` is eq. (1) (trained by Lightning) rather than an n-gram baseline (counted)."""
-    return cfg.model._target_ == NEURAL_MODEL
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -153,73 +137,3 @@ def check_config(cfg: DictConfig) -> None:
             raise NplmError(f"{key}={value!r} is invalid: expected {expected}")
     if is_neural(cfg) and cfg.model.h == 0 and not cfg.model.direct:
         raise NplmError("model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)")
-
-
-def one_line(error: BaseException) -> str:
-    """Hydra/OmegaConf messages span lines; keep the first line of the error and of its cause."""
-    parts = [(str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")]
-    if error.__cause__ is not None and str(error.__cause__).strip():
-        parts.append(str(error.__cause__).strip().splitlines()[0])
-    return ": ".join(parts)
-
-
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
-    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
-_user_wants_traceback = False  # HYDRA_FULL_ERROR as the user set it, before `cli` sets it for its own use
-
-
-def _unexpected(error: Exception) -> str:
-    return f"{type(error).__name__}: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)"
-
-
-@contextlib.contextmanager
-def errors_exit() -> Iterator[None]:
-    """Inside a single Hydra job: NplmError becomes one line and exit 2, any other exception one line and exit 1.
-    SystemExit bypasses Hydra's own report ("Error executing job with overrides: ..."), which would come first.
-
-    Not in a sweep: there a job's error is its failure, and `cli` prints it once the sweep ends.
-    """
-    try:
-        yield
-    except NplmError as error:
-        _fail(one_line(error))
-    except Exception as error:
-        if _user_wants_traceback:
-            raise
-        _fail(_unexpected(error), EXIT_FAILED)
-
-
-def cli(main: Callable[[], Any]) -> Callable[[], None]:
-    """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and
-    exits 2; any other exception prints `prog: error: <type>: ...` and exits 1 (a run keeps its traceback in
-    error.txt).
-
-    Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
-    us, and keep the full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130.
-    """
-
-    @functools.wraps(main)
-    def run() -> None:
-        global _user_wants_traceback
-        _user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
-        os.environ["HYDRA_FULL_ERROR"] = "1"
-        try:
-            main()
-        except (HydraException, OmegaConfBaseException, NplmError) as error:
-            if _user_wants_traceback:
-                raise
-            _fail(one_line(error))
-        except (KeyboardInterrupt, SystemExit) as error:
-            if not interrupted(error) or _user_wants_traceback:
-                raise
-            print(f"{os.path.basename(sys.argv[0])}: interrupted (a run being recorded is now KILLED)", file=sys.stderr)
-            sys.exit(EXIT_INTERRUPTED)
-        except Exception as error:
-            if _user_wants_traceback:
-                raise
-            _fail(_unexpected(error), EXIT_FAILED)
-
-    return run

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
+from nplm_repro.data.corpus import END_OF_TEXT, Corpus
+
 
 def windows(ids: torch.Tensor, start: int, end: int, n: int, pad_id: int) -> torch.Tensor:
     """[end - start, n] view: row i is (w_{t-n+1}, ..., w_{t-1}, w_t) for t = start + i."""
@@ -82,3 +84,10 @@ class WindowBatches:
         for batch in range(rank, len(self) * world, world):
             chunk = slice(batch * self.batch_size, (batch + 1) * self.batch_size)
             yield split_context(self.rows[order[chunk]] if order is not None else self.rows[chunk])
+
+
+def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = False, seed: int = 0) -> WindowBatches:
+    """Batches of a split: shuffled ones are for training, and are split between DDP's processes."""
+    start, end = corpus.bounds[split]
+    rows = windows(corpus.ids, start, end, n, pad_id=corpus.vocab.index(END_OF_TEXT))
+    return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed, shard=shuffle)

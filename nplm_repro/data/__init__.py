@@ -1,0 +1,1 @@
+"""Corpora in, token ids out: reading (Brown, plain text), vocabulary, splits, n-gram windows."""

@@ -1,0 +1,1 @@
+"""MLflow runs in, the paper's tables out: reading runs, choosing configurations, tables, renderings, figures, claims."""

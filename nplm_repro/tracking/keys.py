@@ -1,0 +1,102 @@
+"""What identifies a run: `config_key` (a job's config and data) and `model_key` (a trained MLP).
+
+Keys name a model by its family (`mlp`, `deleted_interpolation`, `kneser_ney`, `class_based`: the class's
+`family` attribute), never by where its class lives, so moving code retrains nothing. Inside the hash a family
+is spelled as in FAMILY_IDS: the class paths of key version 1, frozen as plain names, so the runs already in
+users' stores keep matching (tests/test_keys.py pins them). Runs carry the tag `key_version`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from typing import Any
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+KEY_VERSION = "1"
+FAMILY_IDS = {  # never imported: names only
+    "mlp": "nplm_repro.module.NPLMModule",
+    "deleted_interpolation": "nplm_repro.ngram.DeletedInterpolation",
+    "kneser_ney": "nplm_repro.ngram.KneserNey",
+    "class_based": "nplm_repro.class_ngram.ClassBackoff",
+}
+SAMPLING_KEYS = ("output", "samples", "proposal", "estimator")  # optim's, for optim.output=sampled only
+
+# Keys that record where or how a job ran, not what it computed: left out of `config_key`. The row name is
+# left out too: the MLP a mixed row trains for itself (no row) is the same run as its own row's.
+BOOKKEEPING = (
+    "tracking",
+    "rerun",
+    "report",
+    "note",
+    "threads",
+    "row",
+    "data.path",
+    "data.split.valid_path",
+    "data.split.test_path",
+    "data.eval_batch_size",
+    "trainer.enable_progress_bar",
+    "trainer.strategy",  # auto and ddp_spawn give the same steps for the same trainer.devices
+    "callbacks.progress_bar",
+    "callbacks.model_checkpoint.dirpath",
+)
+
+
+def family(cfg: DictConfig) -> str:
+    """The family of the model `cfg.model` builds (its class's `family`); imports that class."""
+    return get_class(cfg.model._target_).family
+
+
+def is_neural(cfg: DictConfig) -> bool:
+    """Whether `model` is eq. (1) (trained by Lightning) rather than an n-gram baseline (counted)."""
+    return family(cfg) == "mlp"
+
+
+def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
+    """`tree` (a config as a dict) less the sampling keys of an exact run, which it did not use: an exact run
+    records, and is identified by, what it was before sampled training existed, so stored runs keep matching."""
+    optim = tree.get("optim")
+    if isinstance(optim, dict) and optim.get("output", "exact") == "exact":
+        tree["optim"] = {k: v for k, v in optim.items() if k not in SAMPLING_KEYS}
+    return tree
+
+
+def _named(model: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
+    """`model` (a config's model node) with its class path replaced by its family's frozen id."""
+    return model | {"_target_": FAMILY_IDS[family(cfg)]}
+
+
+def model_key(cfg: DictConfig, fingerprint: str) -> str:
+    """What determines a trained MLP: data, model (less the mixture), optimiser, trainer, early stopping, seed.
+
+    A mixed row looks up the finished run with its key instead of training the same MLP again.
+    """
+    parts = without_unused({k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "optim", "trainer")})
+    parts["model"] = _named(parts["model"], cfg)
+    parts["model"].pop("mix", None)
+    parts |= {
+        "data": fingerprint,
+        "seed": cfg.seed,
+        "stopping": OmegaConf.to_container(cfg.callbacks.early_stopping),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_key(cfg: DictConfig, fingerprint: str) -> str:
+    """What determines a run's results in its study: the resolved config less BOOKKEEPING, and the data fingerprint.
+
+    A job whose key already has a FINISHED run is skipped (unless `rerun=true`): a re-run sweep finishes
+    only what is missing. The study is part of the key, so every study's runs carry its tag.
+    """
+    kept = without_unused(OmegaConf.to_container(cfg, resolve=False))
+    kept["model"] = _named(kept["model"], cfg)
+    for dotted in BOOKKEEPING:
+        *path, last = dotted.split(".")
+        node = functools.reduce(lambda d, k: d.get(k) or {}, path, kept)
+        node.pop(last, None)
+    resolved = OmegaConf.to_container(OmegaConf.create(kept), resolve=True)
+    text = json.dumps({"config": resolved, "data": fingerprint}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,202 @@
+"""The run ledger: one job becomes one MLflow run, unless its config already ran (skip) or was killed (resume).
+
+`run` is a job: check, load the corpus, resolve the precision, then under the config's lock find a FINISHED run
+of its config_key (skip), or `record` one: resume a killed MLP from its last checkpoint, mark orphaned RUNNING
+runs KILLED, fit or train, log. A mixed row finds (or first trains) its MLP's run by model_key (`base_run`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import traceback
+from pathlib import Path
+
+import lightning as L
+import mlflow
+import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.loggers import MLFlowLogger
+from omegaconf import DictConfig, OmegaConf
+
+from nplm_repro.baselines.mixture import REMIX, mix_with_trigram
+from nplm_repro.baselines.ngram import fit_ngram
+from nplm_repro.data.corpus import Corpus, load_corpus
+from nplm_repro.errors import NplmError, interrupted, one_line
+from nplm_repro.models.precision import resolve
+from nplm_repro.models.training import train_neural
+from nplm_repro.tracking.keys import config_key, is_neural, model_key
+from nplm_repro.tracking.locks import config_lock, mlp_lock
+from nplm_repro.tracking.records import open_run
+from nplm_repro.tracking.store import check_store
+
+log = logging.getLogger(__name__)
+
+
+def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
+    """The newest FINISHED run of the experiment with these tag values, or None."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    query = " and ".join([f"tags.{k} = '{v}'" for k, v in tags.items()] + ["attributes.status = 'FINISHED'"])
+    runs = client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def find_resumable(uri: str, experiment: str, config_key: str) -> tuple[str, Path] | None:
+    """The newest run of this config that a kill interrupted (KILLED, or RUNNING with its process gone), and the
+    last checkpoint it wrote; None if there is none. The caller holds the config's lock, so no live job owns it."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    query = f"tags.config_key = '{config_key}'"
+    for run in client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"]):
+        if run.info.status not in ("KILLED", "RUNNING"):
+            continue
+        last = Path(run.data.tags.get("checkpoint_dir", "")) / "last.ckpt"
+        if run.data.tags.get("checkpoint_dir") and last.is_file():
+            return run.info.run_id, last
+    return None
+
+
+ORPHANED = "its process ended without ending the run (kill -9, out of memory, a lost machine)"
+
+
+def end_orphans(uri: str, experiment: str, config_key: str, keep: str | None = None) -> None:
+    """Mark KILLED (tag `killed_because`) the runs of this config still RUNNING, but `keep`. The caller holds the
+    config's lock, which a live job recording such a run would hold: their process is gone."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return
+    query = f"tags.config_key = '{config_key}' and attributes.status = 'RUNNING'"
+    for run in client.search_runs([found.experiment_id], query):
+        if run.info.run_id != keep:
+            client.set_tag(run.info.run_id, "killed_because", ORPHANED)
+            client.set_terminated(run.info.run_id, "KILLED")
+            log.warning("run %s of this config was left RUNNING by a process now gone: marked KILLED", run.info.run_id)
+
+
+def base_checkpoint(uri: str, base: str) -> str:
+    """The best checkpoint of the finished MLP run `base`, fetched from its artifacts."""
+    try:
+        return mlflow.artifacts.download_artifacts(run_id=base, artifact_path="checkpoints/best.ckpt", tracking_uri=uri)
+    except mlflow.exceptions.MlflowException:
+        raise NplmError(f"the MLP this row mixes (run {base}) has lost its checkpoints/best.ckpt: {REMIX}") from None
+
+
+def base_run(cfg: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
+    """The finished run of the same MLP without mixture (same model_key); trained first if there is none.
+
+    Under the MLP's lock: if its own row's job is training it right now, this waits for that run.
+    """
+    key = model_key(cfg, corpus.fingerprint)
+    with mlp_lock(key):
+        found = find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=key)
+        if found:
+            log.info("mixing the MLP of run %s (model_key %s)", found, key)
+            return found
+        log.info("no finished run of this MLP (model_key %s) yet: training it first, as a run of its own", key)
+        unmixed = cfg.copy()
+        unmixed.model.mix, unmixed.row = "none", None
+        unmixed_key = config_key(unmixed, corpus.fingerprint)
+        with config_lock(unmixed_key):
+            return record(unmixed, corpus, unmixed_key, tags)[0]
+
+
+def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
+    """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns its run id and metrics.
+
+    A job whose config and data already have a FINISHED run (tag config_key) returns that run, unless
+    `rerun=true`. The config's lock is held from the search to the end of the run (see `record`).
+    """
+    check_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)
+    threads = cfg.threads or launcher_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    log.info("%s: torch threads %d", cfg.get("row") or "run", torch.get_num_threads())
+    corpus = load_corpus(cfg.data)
+    # auto becomes what this machine runs faster before the config is keyed: the key says what computed
+    precision_tags: dict[str, str] = {}
+    if is_neural(cfg) and cfg.optim.output == "sampled":
+        cfg.trainer.precision = "32-true"  # what sampled training computes in (check_config allows only auto)
+    else:
+        cfg.trainer.precision, precision_tags = resolve(cfg.trainer.precision, cfg.trainer.accelerator)
+    key = config_key(cfg, corpus.fingerprint)
+    trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
+    with mlp_lock(model_key(cfg, corpus.fingerprint)) if trains_mlp else contextlib.nullcontext(), config_lock(key):
+        found = None if cfg.rerun else find_finished(cfg.tracking.uri, cfg.tracking.experiment, config_key=key)
+        if found:
+            return reuse(cfg, found)
+        return record(cfg, corpus, key, precision_tags)
+
+
+def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
+    """Skip a job that has already run; a run trained for a mixed row (no row tag) takes this job's row."""
+    client = mlflow.MlflowClient(cfg.tracking.uri)
+    run_ = client.get_run(found)
+    log.info(
+        "skipped: run %s already has this config and data (config_key %s); rerun=true runs it again",
+        found,
+        run_.data.tags["config_key"],
+    )
+    if cfg.get("row") and "row" not in run_.data.tags:
+        client.set_tag(found, "row", cfg.row)
+    return found, dict(run_.data.metrics)
+
+
+def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> tuple[str, dict[str, float]]:
+    """Fit or train the model and record it as one MLflow run (tagged with its config_key and `tags`).
+
+    The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
+    out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
+    from that run's last checkpoint, in that run, unless `rerun=true`; other RUNNING runs of the config are
+    marked KILLED, or the report would show them running forever. A failed run gets the tag `error` and
+    error.txt.
+    """
+    L.seed_everything(cfg.seed, workers=True)
+    resume = None
+    tags = dict(tags)
+    if not is_neural(cfg):
+        fit = fit_ngram
+    elif cfg.model.mix == "none":
+        fit, tags["model_key"] = train_neural, model_key(cfg, corpus.fingerprint)
+        if cfg.callbacks.get("model_checkpoint"):
+            resume = None if cfg.rerun else find_resumable(cfg.tracking.uri, cfg.tracking.experiment, key)
+            checkpoints = resume[1].parent if resume else Path(cfg.callbacks.model_checkpoint.dirpath).resolve()
+            cfg.callbacks.model_checkpoint.dirpath = tags["checkpoint_dir"] = str(checkpoints)
+            if resume:
+                log.info("resuming run %s from %s", *resume)
+                fit = functools.partial(train_neural, resume_from=resume[1])
+    else:
+        base = base_run(cfg, corpus, tags)
+        tags["base_run_id"] = base
+
+        def fit(cfg: DictConfig, corpus: Corpus, logger: MLFlowLogger) -> dict[str, float]:
+            return mix_with_trigram(cfg, corpus, logger, base_checkpoint(cfg.tracking.uri, base), base)
+
+    end_orphans(cfg.tracking.uri, cfg.tracking.experiment, key, keep=resume[0] if resume else None)
+    logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
+    try:
+        metrics = fit(cfg, corpus, logger)
+        logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
+        logger.close()
+    except BaseException as error:
+        if not interrupted(error):
+            logger.experiment.set_tag(logger.run_id, "error", one_line(error))
+            logger.experiment.log_text(logger.run_id, traceback.format_exc(), "error.txt")
+        logger.finalize("failed")
+        raise
+    log.info("%s: %s", cfg.get("row") or "run", ", ".join(f"{k} {v:,.2f}" for k, v in sorted(metrics.items())))
+    return logger.run_id, metrics
+
+
+def launcher_threads() -> int | None:
+    """The launcher's `cpus_per_task` (submitit: SLURM or local), for `threads: null`; None for other launchers."""
+    if not HydraConfig.initialized():
+        return None
+    return HydraConfig.get().launcher.get("cpus_per_task")

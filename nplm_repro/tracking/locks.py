@@ -1,0 +1,80 @@
+"""File locks that let any number of commands share a store and a cache.
+
+`store_lock`: held while MLflow opens (creates, migrates) an embedded SQLite store.
+`mlp_lock`: a mixed row (MLP2 ...) and the row of its MLP (MLP1 ...) may run at the same time; whichever
+comes second waits for the first to finish training instead of training the same MLP again.
+`config_lock`: held by the job recording a run of a config_key, so a RUNNING run of that key found by the
+lock's holder has lost its process (kill -9, out of memory, a lost machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from nplm_repro.cache import cache_root
+
+log = logging.getLogger(__name__)
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an embedded SQLite store URI, else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?")[0]
+    return Path(path) if path not in ("", ":memory:") else None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Hold `<database>.lock` beside an embedded SQLite store while MLflow opens it. MLflow creates a new store's
+    tables (and migrates an old one) on first open, and two processes doing it at once both fail ("table
+    _alembic_tmp_tags already exists") and leave the store unusable; under this lock one creates, the others
+    find it made. Any other store is a server's or a database's, which serialises itself."""
+    path = sqlite_file(uri)
+    lock = FileLock(f"{path}.lock") if path is not None else None
+    try:
+        if lock is not None:
+            lock.acquire(timeout=600)
+    except Timeout:  # a process hung while opening the store: go on without it rather than wait for ever
+        log.warning("tracking store %s: its lock %s.lock is held for 600 s; opening the store without it", path, path)
+        lock = None
+    except OSError:  # a read-only directory: nothing can create or migrate a store there either
+        lock = None
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+@contextlib.contextmanager
+def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
+    """Hold lock file `name` under $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks), waiting for its `holder`
+    (at most `timeout` seconds, then Timeout; -1 = for ever)."""
+    root = cache_root() / "locks"
+    root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(root / f"{name}.lock")
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        log.info("another job is %s: waiting for it", holder)
+        lock.acquire(timeout=timeout)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of the MLP with this model_key while training or looking for its finished run."""
+    return _hold(f"mlp-{key}", f"training the MLP with model_key {key}")
+
+
+def config_lock(key: str, timeout: float = -1) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of this config_key while looking for its runs and recording one."""
+    return _hold(f"run-{key}", f"recording a run of config_key {key}", timeout)

@@ -1,0 +1,93 @@
+"""MLflow stores: which URI is a SQLite file, checking a store before any work, repairing an interrupted upgrade."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import sqlite3
+from pathlib import Path
+
+import mlflow
+import requests
+
+from nplm_repro.errors import NplmError
+from nplm_repro.tracking.locks import sqlite_file, store_lock
+
+log = logging.getLogger(__name__)
+
+
+def repair_interrupted_upgrade(path: Path) -> None:
+    """Finish what an interrupted MLflow schema upgrade left in a SQLite store, or refuse it in one line.
+
+    Alembic changes a SQLite table by copying it into `_alembic_tmp_<table>`, dropping the table and renaming the
+    copy. A process stopped in between (or two upgrading at once, before `store_lock`) leaves the copy behind,
+    and every later upgrade fails on "table _alembic_tmp_<table> already exists". While `<table>` still exists
+    the copy holds nothing it lacks: it is dropped and the upgrade runs again. Without `<table>`, the copy has
+    the only rows: nothing is changed, and the error says how to put it back.
+    """
+    if not path.is_file():
+        return
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        copies = sorted(name for name in tables if name.startswith("_alembic_tmp_"))
+        for copy in copies:
+            table = copy.removeprefix("_alembic_tmp_")
+            if table not in tables:
+                raise NplmError(
+                    f"tracking store {path} was left mid-upgrade by MLflow: table {table} exists only as {copy}; "
+                    f"back up the file, run sqlite3 {path} 'ALTER TABLE {copy} RENAME TO {table}', then run again"
+                )
+        for copy in copies:
+            db.execute(f'DROP TABLE "{copy}"')
+            log.warning("tracking store %s: dropped %s, left by an interrupted MLflow upgrade", path, copy)
+
+
+def ensure_experiment(client: mlflow.MlflowClient, name: str) -> str:
+    """The id of experiment `name`, created if missing; another process creating it at the same moment is fine."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except mlflow.exceptions.MlflowException:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def store_error(error: Exception) -> str:
+    """What went wrong in a store, in one line: the database's own message where MLflow and SQLAlchemy wrap it
+    ("(sqlite3.OperationalError) attempt to write a readonly database"), else the error's first line."""
+    text = str(error).strip()
+    found = re.findall(r"\((?:\w+\.)*\w+(?:Error|Exception)\) [^\n]+", text)
+    return found[-1] if found else (text.splitlines() or [type(error).__name__])[0]
+
+
+def check_store(uri: str, create: bool = True, experiment: str | None = None) -> None:
+    """Fail at once, in one line, on a store that cannot be used (before a corpus is read or a run opened).
+
+    An HTTP store must answer /health within 10 s: MLflow's client would retry for minutes. Other stores are
+    opened and listed, an embedded SQLite one under `store_lock` and after `repair_interrupted_upgrade` (a new
+    SQLite file is created, unless `create=False`), and `experiment` is created in it if given and missing.
+    """
+    if uri.startswith(("http://", "https://")):
+        try:
+            requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
+        except requests.RequestException as error:
+            raise NplmError(f"tracking store {uri!r} is unreachable: {type(error).__name__} on /health") from None
+    path = sqlite_file(uri)
+    if create or path is not None:
+        try:
+            with store_lock(uri):
+                if path is not None:
+                    repair_interrupted_upgrade(path)
+                client = mlflow.MlflowClient(uri)
+                client.search_experiments(max_results=1)
+                if experiment:
+                    ensure_experiment(client, experiment)
+        except NplmError:
+            raise
+        except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
+            raise NplmError(f"tracking store {uri!r} is unusable: {store_error(error)}") from None
