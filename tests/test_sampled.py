@@ -92,7 +92,7 @@ def test_sampled_config_is_checked_and_keyed_apart_from_exact() -> None:
     assert sampled.optim.output == "sampled" and sampled.trainer.limit_val_batches == 0.25
     assert config_key(exact, corpus.fingerprint) != config_key(sampled, corpus.fingerprint) and model_key(
         exact, corpus.fingerprint
-    ) != model_key(sampled, corpus)
+    ) != model_key(sampled, corpus.fingerprint)
     for override, key in [
         ("optim.samples=0", "optim.samples"),
         ("optim.proposal=zipf", "optim.proposal"),

@@ -50,7 +50,8 @@ PAPER_DATA = {  # PAPER.md section 2: |V| and split sizes
     "ap": {"vocab_size": 17_964, "train": 13_994_528, "valid": 963_138, "test": 963_071},
 }
 ROW_NAMES = {"Back-off KN": "Kneser-Ney back-off"}  # Table 2's name for Table 1's row
-FAMILIES = {path: family for family, path in FAMILY_IDS.items()}  # runs from before the tag `family`
+# Runs from before the tag `family`: their class's name, wherever it lived then.
+FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
 FAMILY_NAMES = {
     "mlp": "MLP",
     "deleted_interpolation": "Del. Int.",
@@ -157,7 +158,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
         ):
             continue
         target = _text(get("params.model._target_"))
-        family = _text(get("tags.family")) or FAMILIES.get(target, target.rsplit(".", 1)[-1])
+        family = _text(get("tags.family")) or FAMILIES.get(target.rsplit(".", 1)[-1], target)
         config = _config(run, family)
         mlp = family == "mlp"
         status = run["status"]
