@@ -14,7 +14,8 @@ import torch
 
 from nplm_repro.baselines.em import fit_mixture, mixture_probs
 from nplm_repro.baselines.ngram import DeletedInterpolation, GramIndex, KneserNey, perplexity_of, split_windows
-from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus, prepare_brown, split_bounds
+from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus, prepare_brown
+from nplm_repro.data.splits import split_bounds
 from nplm_repro.errors import NplmError
 
 

@@ -33,7 +33,9 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
 ROWS = ("del_int", "kn3", "kn4", "mlp5", "mlp6")
-PAPER_ROWS = list(pd.read_csv(Path(__file__).resolve().parents[1] / "nplm_repro" / "paper" / "brown_table1.csv")["name"])
+PAPER_ROWS = list(
+    pd.read_csv(Path(__file__).resolve().parents[1] / "nplm_repro" / "paper" / "brown_table1.csv")["name"]
+)
 FP_NEW, FP_OLD = "feedfacefeedface", "0123456789abcdef"
 T0 = 1_700_000_000_000  # ms; `start` below counts seconds after it
 

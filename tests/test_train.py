@@ -10,7 +10,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.data.corpus import END_OF_TEXT, SPLITS, Corpus, prepare_brown
+from nplm_repro.data.corpus import END_OF_TEXT, Corpus, prepare_brown
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
 from nplm_repro.models.lightning_module import NPLMModule
 

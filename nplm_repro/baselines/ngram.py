@@ -22,7 +22,8 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from nplm_repro.baselines.em import MixtureFit, fit_mixture, mixture_probs
-from nplm_repro.data.corpus import END_OF_TEXT, SPLITS, Corpus
+from nplm_repro.data.corpus import END_OF_TEXT, Corpus
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import windows
 from nplm_repro.errors import NplmError
 from nplm_repro.perplexity import perplexity_of

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from nplm_repro.data.splits import SPLITS, split_bounds
 from nplm_repro.errors import NplmError
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 END_OF_PARAGRAPH = "<eop>"
 END_OF_TEXT = "<eot>"
 UNK = "<unk>"
-SPLITS = ("train", "valid", "test")
 BROWN_TEXT = re.compile(r"c[a-r]\d\d")
 HOW_TO_GET_BROWN = "get it with `python -m nltk.downloader brown` or point data.path at brown.zip"
 
@@ -164,18 +164,6 @@ class Corpus:
             f" -> {len(self.ids):,} tokens, {c['types']:,} types; |V| = {self.vocab_size:,}"
             f" ({c['unk_types']:,} types, {c['unk_tokens']:,} tokens -> {UNK}); {splits}"
         )
-
-
-def split_bounds(total: int, train: int, valid: int, test: int | None) -> dict[str, tuple[int, int]]:
-    """Contiguous spans in stream order; test=None takes the rest."""
-    rest = total - train - valid if test is None else test
-    if min(train, valid, rest) <= 0 or train + valid + rest > total:
-        asked = f"data.split.train={train:,}, data.split.valid={valid:,}" + (
-            ", data.split.test=the rest" if test is None else f", data.split.test={test:,}"
-        )
-        raise NplmError(f"the corpus has {total:,} tokens, too few for the requested splits {asked}")
-    test = rest
-    return {"train": (0, train), "valid": (train, train + valid), "test": (train + valid, train + valid + test)}
 
 
 def build_vocab(counts: Counter, max_unk_freq: int) -> tuple[str, ...]:

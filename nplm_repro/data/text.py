@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, SPLITS, UNK, Corpus, split_bounds
+from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
+from nplm_repro.data.splits import SPLITS, split_bounds
 from nplm_repro.errors import NplmError
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, TQDMProgressBar
 from torch.nn import functional as F
 
-from nplm_repro.data.corpus import SPLITS
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import WindowBatches
 from nplm_repro.errors import NplmError
 from nplm_repro.models.bf16_loss import bf16_cross_entropy

@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
-from nplm_repro.data.corpus import SPLITS, Corpus
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
 from nplm_repro.models.lightning_module import NPLMModule, TokenProbs
 

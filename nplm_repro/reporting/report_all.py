@@ -33,7 +33,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from nplm_repro.cli import cli
-from nplm_repro.data.corpus import SPLITS
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope

@@ -13,7 +13,8 @@ import pandas as pd
 from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.data.corpus import SPLITS, Corpus
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.tracking.keys import KEY_VERSION, family, without_unused
 from nplm_repro.tracking.store import store_error
