@@ -44,7 +44,8 @@ from nplm_repro.baselines.mixture import TrigramMixture
 from nplm_repro.baselines.ngram import DeletedInterpolation, perplexity_of
 from nplm_repro.checks import check_config
 from nplm_repro.cli import cli, errors_exit
-from nplm_repro.data.corpus import Corpus, load_corpus
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.load import load_corpus
 from nplm_repro.data.windows import loader
 from nplm_repro.errors import NplmError
 from nplm_repro.memory import keep_freed_memory

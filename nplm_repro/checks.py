@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.baselines.mixture import MIX_MODES
-from nplm_repro.data.corpus import CORPORA
+from nplm_repro.data.load import CORPORA
 from nplm_repro.errors import NplmError
 from nplm_repro.models.precision import PRECISIONS
 from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS

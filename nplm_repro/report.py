@@ -1,16 +1,48 @@
-"""`nplm-report`: a study's runs in MLflow -> the paper-style table (md, tex, csv, html) and figures."""
+"""`nplm-report`: a study's runs from MLflow as the paper's table, each number beside the paper's, claims checked.
+
+nplm-report                                    # Table 1 (Brown) from ./mlflow.db into reports/
+nplm-report --study grid --fingerprint b45c28977b58c44b
+nplm-report --tracking-uri http://127.0.0.1:5000 --out /tmp/reports
+
+Which runs make the table: nplm_repro/reporting/runs.py.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 from pathlib import Path
 
+from nplm_repro.cli import cli
 from nplm_repro.errors import NplmError
-from nplm_repro.reporting.report_all import build, main, write
+from nplm_repro.paper import PAPER_TABLES
+from nplm_repro.reporting.render import write
+from nplm_repro.reporting.tables import build
 
 log = logging.getLogger(__name__)
 
 __all__ = ["main", "write_study"]
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(prog="nplm-report", description=__doc__.splitlines()[0])
+    parser.add_argument("--study", default="brown_table1", help="brown_table1, ap_table2, or a sweep's name")
+    parser.add_argument("--experiment", help="MLflow experiment (default: the paper table's corpus, else brown)")
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",
+        help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
+    )
+    parser.add_argument("--fingerprint", help="data fingerprint to report (default: that of the newest run)")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="directory of the report (default: reports)")
+    args = parser.parse_args()
+    experiment = args.experiment or PAPER_TABLES.get(args.study, "brown")
+    for path in write(build(args.tracking_uri, experiment, args.study, args.fingerprint), args.out):
+        print(path)
+
+
+main = cli(_main)
 
 
 def write_study(uri: str, experiment: str, study: str, out: Path) -> None:

@@ -10,23 +10,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import composed
 from hydra.utils import instantiate
 
-from nplm_repro.baselines.class_ngram import (
-    ClassBackoff,
-    ClassBigrams,
-    cache_path,
-    cluster_words,
-    exchange_clustering,
-)
+from nplm_repro.baselines.class_ngram import ClassBackoff
+from nplm_repro.baselines.clustering import ClassBigrams, cache_path, cluster_words, exchange_clustering
 from nplm_repro.baselines.ngram import KneserNey, split_windows
 from nplm_repro.cache import CACHE_ENV, cache_root
 from nplm_repro.checks import check_config
-from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus, prepare_brown
+from nplm_repro.data.brown import prepare_brown
+from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus
 from nplm_repro.errors import NplmError
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 C = 30  # classes on the small slice
 
 
@@ -298,8 +293,7 @@ CLASS_ROWS = {
 
 @pytest.mark.parametrize("row", list(CLASS_ROWS))
 def test_experiment_files_set_the_class_based_rows(row):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"+experiment={row}"])
+    cfg = composed(f"+experiment={row}")
     check_config(cfg)
     model = instantiate(cfg.model, _convert_="all")
     assert cfg.row == "class-based back-off"
@@ -314,7 +308,7 @@ CLASS_FULL_BROWN = {(3, 500): (334.49, 309.59)}
 @pytest.mark.slow
 @pytest.mark.parametrize(("order", "c"), list(CLASS_FULL_BROWN))
 def test_class_based_backoff_on_full_brown_is_near_the_papers_numbers(brown, tmp_path, order, c):
-    """PAPER.md Table 1 (SRILM classes and smoothing, a slightly different vocabulary): n=3, c=500: 326 / 312."""
+    """Table 1, p. 1149 (SRILM classes and smoothing, a slightly different vocabulary): n=3, c=500: 326 / 312."""
     model = ClassBackoff(n=order, c=c, cache_dir=str(tmp_path)).fit(brown)
     valid, test = model.perplexity(brown, "valid"), model.perplexity(brown, "test")
     assert (valid, test) == pytest.approx(CLASS_FULL_BROWN[order, c], abs=0.06)

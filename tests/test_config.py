@@ -5,18 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from helpers import composed
 
 from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
-
-
-def composed(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize(

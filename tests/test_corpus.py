@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_script
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus, find_brown, prepare_brown
+from nplm_repro.data.brown import find_brown, prepare_brown
+from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.windows import WindowBatches, split_context, windows
 from nplm_repro.errors import NplmError
 
 
 def test_brown_stream_facts(brown: Corpus) -> None:
-    """Counts of ../shared/data/README.md: 1,161,192 words + 15,667 paragraph + 500 text marks."""
+    """The counts documented beside the Brown zip: 1,161,192 words + 15,667 paragraph + 500 text marks."""
     assert brown.counts["texts"] == 500
     assert brown.counts["paragraphs"] == 15_667
     assert brown.counts["words"] == 1_161_192
@@ -50,10 +52,10 @@ def test_vocab_from_train_counts_on_the_training_split(brown_path: Path) -> None
     assert prepare_brown(str(brown_path), vocab_from="train").vocab_size == 14_039
 
 
-def test_fingerprint_changes_with_the_data(brown_path: Path) -> None:
-    small = prepare_brown(str(brown_path), train=1000, valid=100, test=100)
-    again = prepare_brown(str(brown_path), train=1000, valid=100, test=100)
-    other = prepare_brown(str(brown_path), train=1000, valid=100, test=101)
+def test_fingerprint_changes_with_the_data(tiny_brown_path: Path) -> None:
+    small = prepare_brown(str(tiny_brown_path), train=1000, valid=100, test=100)
+    again = prepare_brown(str(tiny_brown_path), train=1000, valid=100, test=100)
+    other = prepare_brown(str(tiny_brown_path), train=1000, valid=100, test=101)
     assert small.fingerprint == again.fingerprint != other.fingerprint
 
 
@@ -68,12 +70,13 @@ def test_windows_pad_the_start_of_the_stream_with_end_of_text() -> None:
     assert rows.tolist() == [[99, 99, 99, 0], [99, 99, 0, 1], [99, 0, 1, 2]]
 
 
-def test_every_token_of_a_split_is_scored_once(brown: Corpus) -> None:
+def test_every_token_of_a_split_is_scored_once(tiny_brown_path: Path) -> None:
+    brown = prepare_brown(str(tiny_brown_path), train=6000, valid=2000)
     start, end = brown.bounds["test"]
     rows = windows(brown.ids, start, end, n=5, pad_id=0)
-    batches = WindowBatches(rows, batch_size=4096, shuffle=True, seed=3)
+    batches = WindowBatches(rows, batch_size=256, shuffle=True, seed=3)
     targets = torch.cat([target for _, target in batches])
-    assert len(batches) == -(-(end - start) // 4096)
+    assert len(batches) == -(-(end - start) // 256) > 1
     assert torch.equal(targets.sort().values, brown.ids[start:end].sort().values)
     context, target = split_context(rows[:1])
     assert context[0].tolist() == [brown.ids[start - 1 - k].item() for k in range(4)]  # w_{t-1} first
@@ -96,13 +99,13 @@ def test_missing_corpus_lists_where_it_looked(tmp_path: Path, monkeypatch: pytes
 
 
 def test_configured_path_that_does_not_exist_is_an_error_even_if_nltk_has_brown(
-    brown_path: Path, tmp_path: Path
+    tiny_brown_path: Path, tmp_path: Path
 ) -> None:
     """A typo in data.path must not quietly train on another copy of the corpus."""
     import nltk.data
 
     (tmp_path / "corpora").mkdir()
-    (tmp_path / "corpora" / "brown.zip").symlink_to(brown_path)
+    (tmp_path / "corpora" / "brown.zip").symlink_to(tiny_brown_path)
     nltk.data.path.insert(0, str(tmp_path))
     try:
         with pytest.raises(NplmError, match=f"not found \\(looked in: {tmp_path}/typo.zip\\);"):
@@ -111,12 +114,12 @@ def test_configured_path_that_does_not_exist_is_an_error_even_if_nltk_has_brown(
         nltk.data.path.remove(str(tmp_path))
 
 
-def test_found_in_nltk_data_when_not_configured(brown_path: Path, tmp_path: Path) -> None:
+def test_found_in_nltk_data_when_not_configured(tiny_brown_path: Path, tmp_path: Path) -> None:
     import nltk.data
 
     corpora = tmp_path / "corpora"
     corpora.mkdir()
-    (corpora / "brown.zip").symlink_to(brown_path)
+    (corpora / "brown.zip").symlink_to(tiny_brown_path)
     nltk.data.path.insert(0, str(tmp_path))
     try:
         assert find_brown(None) == corpora / "brown.zip"
@@ -124,9 +127,9 @@ def test_found_in_nltk_data_when_not_configured(brown_path: Path, tmp_path: Path
         nltk.data.path.remove(str(tmp_path))
 
 
-def test_truncated_zip_is_one_clear_error(brown_path: Path, tmp_path: Path) -> None:
+def test_truncated_zip_is_one_clear_error(tiny_brown_path: Path, tmp_path: Path) -> None:
     broken = tmp_path / "brown.zip"
-    broken.write_bytes(brown_path.read_bytes()[:100_000])
+    broken.write_bytes(half_of(tiny_brown_path))
     with pytest.raises(NplmError, match="corrupt or truncated zip"):
         prepare_brown(str(broken))
 
@@ -139,9 +142,15 @@ def test_zip_without_texts_is_one_clear_error(tmp_path: Path) -> None:
         prepare_brown(str(empty))
 
 
-def test_corpus_smaller_than_the_splits_is_refused(brown_path: Path) -> None:
+def test_corpus_smaller_than_the_splits_is_refused(tiny_brown_path: Path) -> None:
     with pytest.raises(NplmError, match="too few"):
-        prepare_brown(str(brown_path), train=1_000_000, valid=200_000)
+        prepare_brown(str(tiny_brown_path), train=1_000_000, valid=200_000)
+
+
+def half_of(path: Path) -> bytes:
+    """The first half of a file: a zip cut there has lost its central directory."""
+    data = path.read_bytes()
+    return data[: len(data) // 2]
 
 
 def brown_zip(path: Path, texts: dict[str, str | bytes]) -> str:
@@ -163,13 +172,15 @@ def brown_zip(path: Path, texts: dict[str, str | bytes]) -> str:
         pytest.param("corrupt member", "{tmp}/brown.zip: ca02 is not UTF-8 at byte 1: ", marks=pytest.mark.slow),
     ],
 )
-def test_bad_corpus_is_one_line_exit_2_and_no_run(case: str, message: str, brown_path: Path, tmp_path: Path) -> None:
+def test_bad_corpus_is_one_line_exit_2_and_no_run(
+    case: str, message: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
     """`nplm-train` as a user runs it: the corpus is read before any MLflow run is opened, so none is left."""
     corpus = tmp_path / "brown.zip"
     if case == "missing":
         corpus = tmp_path / "nowhere.zip"
     elif case == "truncated":
-        corpus.write_bytes(brown_path.read_bytes()[:100_000])
+        corpus.write_bytes(half_of(tiny_brown_path))
     else:
         texts = {
             "no texts": {"README": "nothing"},
@@ -179,9 +190,8 @@ def test_bad_corpus_is_one_line_exit_2_and_no_run(case: str, message: str, brown
         }
         brown_zip(corpus, texts[case])
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    command = [str(Path(sys.executable).parent / "nplm-train"), f"data.path={corpus}", f"tracking.uri={uri}"]
     env = {**os.environ, "NLTK_DATA": str(tmp_path / "nltk")}  # not found elsewhere either
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    result = run_script("nplm-train", f"data.path={corpus}", f"tracking.uri={uri}", cwd=tmp_path, env=env)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("nplm-train: error: " + message.format(tmp=tmp_path)), lines[-1]
@@ -189,3 +199,17 @@ def test_bad_corpus_is_one_line_exit_2_and_no_run(case: str, message: str, brown
     client = MlflowClient(uri)
     assert not client.search_runs([e.experiment_id for e in client.search_experiments()])  # none left RUNNING
     assert not list(tmp_path.glob("outputs/*/*/checkpoints"))
+
+
+def test_tiny_brown_is_what_its_script_writes(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """tests/data/tiny_brown.zip holds what tests/data/make_tiny_brown.py writes (run it again after changing it),
+    and the Brown reader takes it as it takes brown.zip: its texts, not its README, and words merged into <unk>."""
+    script = tiny_brown_path.with_name("make_tiny_brown.py")
+    again = tmp_path / "again.zip"
+    result = subprocess.run([sys.executable, str(script), "--out", str(again)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    with zipfile.ZipFile(tiny_brown_path) as committed, zipfile.ZipFile(again) as written:
+        assert committed.namelist() == written.namelist()
+        assert all(committed.read(name) == written.read(name) for name in committed.namelist())
+    tiny = prepare_brown(str(tiny_brown_path), train=6000, valid=2000)
+    assert tiny.counts["texts"] == 21 and tiny.counts["unk_types"] > 0 and tiny.source == "tiny_brown.zip"

@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,15 +17,16 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from helpers import SWEEPS, console_script, data_slice
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.errors import NplmError
-from nplm_repro.reporting.report_all import build
+from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.ledger import ORPHANED
 
-SLICE = ["data.split.train=60000", "data.split.valid=5000", "data.split.test=5000"]
+SLICE = data_slice(60_000, 5_000, 5_000)
 SMALL = [*SLICE, "+experiment=mlp3", "model.m=8", "trainer.max_epochs=3", "seed=5", "trainer.enable_progress_bar=false"]
-NPLM_TRAIN = str(Path(sys.executable).parent / "nplm-train")
+NPLM_TRAIN, NPLM_REPORT = console_script("nplm-train"), console_script("nplm-report")
 
 
 def command(brown_path: Path, uri: str, *overrides: str) -> list[str]:
@@ -183,7 +183,7 @@ def test_run_killed_without_checkpoint_is_marked_killed_by_the_next_run(
 def test_diverging_job_fails_with_its_error_and_the_sweep_completes(brown_path: Path, tmp_path: Path) -> None:
     """MLP3 with a huge learning rate reaches a NaN loss; the Kneser-Ney job beside it finishes."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    sweep = [NPLM_TRAIN, "-cd", str(Path(__file__).resolve().parents[1] / "sweeps"), "-cn", "brown_table1"]
+    sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
     sweep += [f"data.path={brown_path}", *SLICE, "+experiment=mlp3,kn3", "optim.lr=10", f"tracking.uri={uri}"]
     result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2
@@ -228,7 +228,7 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
     and so do the jobs' runs, whose workers joblib kills outright. The same command resumes them and finishes
     every job, and nothing is left running."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    sweep = [NPLM_TRAIN, "-cd", str(Path(__file__).resolve().parents[1] / "sweeps"), "-cn", "brown_table1"]
+    sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
     sweep += [f"data.path={brown_path}", *SLICE, "+experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
     sweep += ["trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
     process = subprocess.Popen(sweep, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -271,7 +271,7 @@ def test_unusable_tracking_store_is_one_line_before_any_work(uri: str, message: 
         timeout=120,
     )
     report = subprocess.run(
-        [str(Path(sys.executable).parent / "nplm-report"), "--tracking-uri", uri, "--out", str(tmp_path / "reports")],
+        [NPLM_REPORT, "--tracking-uri", uri, "--out", str(tmp_path / "reports")],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -444,7 +444,7 @@ def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path
         "(sqlite3.OperationalError) attempt to write a readonly database"
     )
     out = small_disk.parent / "reports"
-    report = [str(Path(sys.executable).parent / "nplm-report"), "--tracking-uri", uri, "--out", str(out)]
+    report = [NPLM_REPORT, "--tracking-uri", uri, "--out", str(out)]
     assert subprocess.run(report, cwd=small_disk.parent, capture_output=True).returncode == 0
     assert "Kneser-Ney back-off" in (out / "brown_table1.md").read_text()
 

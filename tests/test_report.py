@@ -6,9 +6,7 @@ to put rows in every state: several seeds, RUNNING, FAILED, two configurations, 
 """
 
 import functools
-import os
 import shutil
-import subprocess
 import sys
 import zipfile
 from collections.abc import Callable
@@ -17,39 +15,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
+from helpers import PAPER, SLICE, composed, run_script
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig
 
+from nplm_repro import report
 from nplm_repro.errors import NplmError
-from nplm_repro.reporting import report_all as report
+from nplm_repro.paper import label, paper_table
+from nplm_repro.reporting import render, tables
 from nplm_repro.reporting.claims import FAILS, HOLDS, NOT_MEASURED, PARTLY, check_claims
-from nplm_repro.reporting.report_all import build, label, paper_table, write
+from nplm_repro.reporting.render import write
+from nplm_repro.reporting.tables import Report, build
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.records import flat_params
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
 ROWS = ("del_int", "kn3", "kn4", "mlp5", "mlp6")
-PAPER_ROWS = list(
-    pd.read_csv(Path(__file__).resolve().parents[1] / "nplm_repro" / "paper" / "brown_table1.csv")["name"]
-)
+PAPER_ROWS = list(pd.read_csv(PAPER / "brown_table1.csv")["name"])
 FP_NEW, FP_OLD = "feedfacefeedface", "0123456789abcdef"
 T0 = 1_700_000_000_000  # ms; `start` below counts seconds after it
-
-
-def composed(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
-def nplm_report(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    """The installed console script, as a user runs it (never inheriting a tracking URI from this process)."""
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    command = [str(Path(sys.executable).parent / "nplm-report"), *args]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600, env=env, check=False)
 
 
 def runs_of(uri: str) -> dict[str, dict[str, float]]:
@@ -119,7 +103,7 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     required += "paper_test_ppl, seeds"
     assert list(table.columns[:14]) == required.split(", ")
     assert list(table["row"]) == PAPER_ROWS
-    paper = pd.read_csv(Path(__file__).resolve().parents[1] / "nplm_repro" / "paper" / "brown_table1.csv")
+    paper = pd.read_csv(PAPER / "brown_table1.csv")
     for column in ("n", "c", "h", "m", "direct", "mix"):
         assert table[column].fillna("").astype(str).tolist() == paper[column].fillna("").astype(str).tolist()
     for split in ("train", "valid", "test"):
@@ -250,35 +234,35 @@ def states(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 
 @pytest.fixture(scope="module")
-def table1(states: dict[str, str]) -> report.Report:
+def table1(states: dict[str, str]) -> Report:
     return build(states["uri"], "brown", "brown_table1")
 
 
-def row(rep: report.Report, name: str) -> pd.Series:
+def row(rep: Report, name: str) -> pd.Series:
     return rep.table.set_index("label").loc[name]
 
 
-def test_several_seeds_are_mean_and_std_of_the_newest_finished_run_of_each_seed(table1: report.Report) -> None:
+def test_several_seeds_are_mean_and_std_of_the_newest_finished_run_of_each_seed(table1: Report) -> None:
     mlp1 = row(table1, "MLP1")
     assert (mlp1["seeds"], mlp1["running"]) == (3, 1)
     assert mlp1["valid_ppl"] == pytest.approx(282) and mlp1["valid_ppl_std"] == pytest.approx(2)
     assert mlp1["test_ppl"] == pytest.approx(268) and mlp1["train_ppl"] == pytest.approx(182)
-    md = report.markdown(table1, [])
+    md = render.markdown(table1, [])
     assert "| MLP1 " in md and "282.0 ± 2.0" in md and "3 (+1 running)" in md
     assert [values for _, values in table1.history["MLP1"]] == [[300, 290, 280], [300, 290, 282], [300, 290, 284]]
 
 
-def test_a_running_row_is_shown_as_running_never_as_a_number(states: dict[str, str], table1: report.Report) -> None:
+def test_a_running_row_is_shown_as_running_never_as_a_number(states: dict[str, str], table1: Report) -> None:
     mlp3 = row(table1, "MLP3")
     assert mlp3["status"] == "running" and np.isnan(mlp3["valid_ppl"]) and np.isnan(mlp3["test_ppl"])
-    assert report.display(table1).set_index(("", "row")).loc["MLP3", ("valid", "ours")] == "running"
+    assert tables.display(table1).set_index(("", "row")).loc["MLP3", ("valid", "ours")] == "running"
     assert set(table1.running["run_id"]) == {states["running"], states["running_seed"]}
 
 
-def test_failed_and_missing_rows_are_listed(states: dict[str, str], table1: report.Report) -> None:
+def test_failed_and_missing_rows_are_listed(states: dict[str, str], table1: Report) -> None:
     assert row(table1, "MLP4")["status"] == "failed"
     assert list(table1.failed["run_id"]) == [states["failed"]]
-    md = report.markdown(table1, [])
+    md = render.markdown(table1, [])
     assert (
         "## Failed or killed\n\n- MLP4 (n=5, h=0, m=60, direct=yes, mix=yes; run" in md
         and "FAILED; note: out of memory" in md
@@ -287,16 +271,16 @@ def test_failed_and_missing_rows_are_listed(states: dict[str, str], table1: repo
 
 
 def test_a_row_run_in_several_configurations_shows_the_lowest_validation_never_the_lowest_test(
-    table1: report.Report,
+    table1: Report,
 ) -> None:
     mlp5 = row(table1, "MLP5")
     assert (mlp5["valid_ppl"], mlp5["test_ppl"]) == (290, 265)
-    attempts = report.attempts_table(table1)
+    attempts = tables.attempts_table(table1)
     other = attempts[(attempts["row"] == "MLP5") & (attempts["shown"] == "")].iloc[0]
     assert other["valid"] == "300.0" and "optim.recipe=paper (shown: fast)" in other["differs from the one shown"]
 
 
-def test_other_configurations_and_studies_go_to_their_own_report(states: dict[str, str], table1: report.Report) -> None:
+def test_other_configurations_and_studies_go_to_their_own_report(states: dict[str, str], table1: Report) -> None:
     assert {row(table1, name)["status"] for name in ("MLP6", "MLP7", "Kneser-Ney back-off n=3")} == {"missing"}
     assert table1.excluded == [  # one line for the runs of each other study
         "in study 'adhoc', its columns are no row of the paper's table: 2 runs, MLP6, MLP7 (mix learned, no); seeds 1",
@@ -308,7 +292,7 @@ def test_other_configurations_and_studies_go_to_their_own_report(states: dict[st
     assert (grid["row"], grid["valid_ppl"], grid["paper_valid_ppl"]) == ("Kneser-Ney back-off", 340, 334)
 
 
-def test_runs_of_two_data_fingerprints_are_never_mixed(states: dict[str, str], table1: report.Report) -> None:
+def test_runs_of_two_data_fingerprints_are_never_mixed(states: dict[str, str], table1: Report) -> None:
     assert table1.fingerprint == FP_NEW  # the newest run's
     assert row(table1, "Del. Int.")["valid_ppl"] == 350 and row(table1, "Del. Int.")["seeds"] == 1
     assert list(table1.other_data["fingerprint"]) == [FP_OLD]
@@ -318,7 +302,7 @@ def test_runs_of_two_data_fingerprints_are_never_mixed(states: dict[str, str], t
         build(states["uri"], "brown", "brown_table1", fingerprint="nope")
 
 
-def test_a_sweep_parent_run_is_not_a_row(states: dict[str, str], table1: report.Report) -> None:
+def test_a_sweep_parent_run_is_not_a_row(states: dict[str, str], table1: Report) -> None:
     shown = " ".join(table1.table["run_ids"].dropna()).split()
     assert states["parent"] not in {*table1.running["run_id"], *table1.failed["run_id"], *shown}
     assert row(table1, "MLP8")["valid_ppl"] == 285
@@ -332,12 +316,12 @@ def test_a_study_without_runs_is_refused(states: dict[str, str]) -> None:
 
 
 def test_nothing_is_written_unless_every_file_is(
-    table1: report.Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    table1: Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(_: report.Report) -> str:
+    def broken(_: Report) -> str:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(report, "latex", broken)
+    monkeypatch.setattr(render, "latex", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         write(table1, tmp_path / "reports")
     assert not (tmp_path / "reports").exists()
@@ -463,7 +447,7 @@ def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_written(
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     if fill is not None:
         fill(store_in(tmp_path, empty_store))
-    result = nplm_report(tmp_path, "--tracking-uri", uri, "--out", str(tmp_path / "reports"))
+    result = run_script("nplm-report", "--tracking-uri", uri, "--out", str(tmp_path / "reports"), cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nplm-report: error: ") and message in lines[0], result.stderr

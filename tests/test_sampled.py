@@ -6,9 +6,7 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from test_config import CONF, composed
-from test_speed import script
+from helpers import composed, data_slice, run_script
 from torch.nn import functional as F
 
 from nplm_repro.checks import check_config
@@ -103,32 +101,14 @@ def test_sampled_config_is_checked_and_keyed_apart_from_exact() -> None:
             check_config(composed("optim=sampled", override))
 
 
-def test_todays_keys_are_those_of_stored_runs() -> None:
-    """Runs in users' stores keep matching: keys computed by main at b1debf9 (default precision then bf16-mixed,
-    which is what auto resolves to on a CPU with bfloat16 units) for the Brown fingerprint."""
-    corpus = SimpleNamespace(fingerprint="b45c28977b58c44b")
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        keys = {}
-        for row in ("mlp5", "kn3", "mlp6"):
-            cfg = compose("config", overrides=[f"+experiment={row}", "trainer.precision=bf16-mixed"])
-            keys[row] = (config_key(cfg, corpus.fingerprint), model_key(cfg, corpus.fingerprint))
-    assert keys == {
-        "mlp5": ("8b13a004ab62ee3a", "c6639489501f8df8"),
-        "kn3": ("683563fe4129996c", "7e68f41a4a06f4f6"),
-        "mlp6": ("39711c54ea6eaaf6", "c6639489501f8df8"),
-    }
-
-
 def test_sampled_run_is_scored_exactly_on_every_token(brown_path: Path, tmp_path: Path) -> None:
     """A sampled MLP9 into a real SQLite store: it records what it used, and its perplexities are the exact
     softmax over every token of each split (early stopping watched a quarter of validation)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = script(
+    result = run_script(
         "nplm-train",
         f"data.path={brown_path}",
-        "data.split.train=40000",
-        "data.split.valid=10000",
-        "data.split.test=5000",
+        *data_slice(40_000, 10_000, 5_000),
         "+experiment=mlp9",
         "optim=sampled",
         "optim.samples=200",
@@ -142,6 +122,7 @@ def test_sampled_run_is_scored_exactly_on_every_token(brown_path: Path, tmp_path
     (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
     params, metrics = run.data.params, run.data.metrics
     assert run.info.status == "FINISHED"
+    assert (run.data.tags["family"], run.data.tags["key_version"]) == ("mlp", "1")  # identity by family, not path
     assert (params["optim.output"], params["optim.samples"], params["optim.proposal"]) == ("sampled", "200", "bigram")
     assert params["optim.estimator"] == "importance" and params["trainer.precision"] == "32-true"
     assert (metrics["train_tokens"], metrics["valid_tokens"], metrics["test_tokens"]) == (40000, 10000, 5000)

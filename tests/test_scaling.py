@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -16,13 +15,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from hydra import compose, initialize_config_dir
+from helpers import SLICE, SWEEPS, composed_study, console_script, data_slice
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.enable_progress_bar=false"]
 
 
@@ -36,8 +32,8 @@ def free_port() -> int:
 def mlflow_server(backend: str, artifacts: Path) -> Iterator[str]:
     """`mlflow server` as a team runs it (one worker here), on 127.0.0.1; yields its URI once /health answers."""
     port = free_port()
-    command = [str(BIN / "mlflow"), "server", "--backend-store-uri", backend, "--artifacts-destination", str(artifacts)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command = [console_script("mlflow"), "server", "--backend-store-uri", backend]
+    command += ["--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     log = open(artifacts.parent / "server.log", "w")  # noqa: SIM115 (closed below)
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
@@ -91,9 +87,9 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
         (tmp_path / "artifacts").mkdir()
         uri = stack.enter_context(mlflow_server(store, tmp_path / "artifacts"))
         sweep = [
-            str(BIN / "nplm-train"),
+            console_script("nplm-train"),
             "-cd",
-            str(ROOT / "sweeps"),
+            str(SWEEPS),
             "-cn",
             "brown_table1",
             "+experiment=mlp3,kn3,mlp4",
@@ -109,7 +105,7 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
         mlp3 = next(r for r in runs if r.data.tags.get("row") == "MLP3")
         assert [a.path for a in client.list_artifacts(mlp3.info.run_id, "checkpoints")] == ["checkpoints/best.ckpt"]
         assert list((tmp_path / "artifacts").rglob("best.ckpt"))  # stored by the server, not by the job
-        report = [str(BIN / "nplm-report"), "--study", "brown_table1", "--tracking-uri", uri, "--out", "again"]
+        report = [console_script("nplm-report"), "--study", "brown_table1", "--tracking-uri", uri, "--out", "again"]
         again = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]
     for name in ("brown_table1.md", "brown_table1.csv"):
@@ -123,9 +119,7 @@ def test_slurm_launcher_takes_partition_time_cpus_gpus_and_memory_from_config() 
     resources = ("partition", "timeout_min", "cpus_per_task", "gpus_per_node", "mem_gb")
 
     def hydra_of(*overrides: str) -> DictConfig:
-        with initialize_config_dir(config_dir=str(ROOT / "sweeps"), version_base="1.3"):
-            search = f"hydra.searchpath=[file://{ROOT / 'conf'}]"
-            return compose("ap_table2", overrides=[search, *overrides], return_hydra_config=True).hydra
+        return composed_study("ap_table2", *overrides).hydra
 
     slurm = hydra_of("hydra/launcher=slurm")
     assert slurm.launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
@@ -144,13 +138,13 @@ def test_ddp_on_two_cpu_processes_trains_as_one_process_with_their_batches_toget
 ) -> None:
     """2 processes x 256 words per step (ddp_spawn, gloo) against 1 process x 512: the same windows per step
     and the same per-word learning rate, so the same model up to float rounding."""
-    common = [f"data.path={brown_path}", "data.split.train=20480", "data.split.valid=4000", "data.split.test=4000"]
+    common = [f"data.path={brown_path}", *data_slice(20_480, 4_000, 4_000)]
     common += ["+experiment=mlp3", "model.m=8", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
     common += ["trainer.accelerator=cpu", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
     ddp = ["trainer.strategy=ddp_spawn", "trainer.devices=2", "optim.batch_size=256", "threads=1"]
     for variant in (ddp, ["optim.batch_size=512"]):
         result = subprocess.run(
-            [str(BIN / "nplm-train"), *common, *variant], cwd=tmp_path, capture_output=True, text=True, timeout=900
+            [console_script("nplm-train"), *common, *variant], cwd=tmp_path, capture_output=True, text=True, timeout=900
         )
         assert result.returncode == 0, result.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")

@@ -3,13 +3,12 @@
 import itertools
 import json
 import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 import torch
+from helpers import SLICE, data_slice, run_script
 from torch.nn import functional as F
 
 from nplm_repro.data.corpus import Corpus
@@ -20,12 +19,6 @@ from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.precision import resolve
 
 SHAPES = [(100, False), (50, True), (0, True)]
-
-
-def script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """An installed console script, as a user runs it."""
-    command = [str(Path(sys.executable).parent / name), *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.parametrize("h,direct", SHAPES)
@@ -58,12 +51,10 @@ def one_epoch_valid_ppl(brown_path: Path, tmp_path: Path, key: str, values: list
     """Validation perplexity of one epoch of MLP9 on 40k Brown tokens, same seed, for each value of `key`."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     for value in values:
-        result = script(
+        result = run_script(
             "nplm-train",
             f"data.path={brown_path}",
-            "data.split.train=40000",
-            "data.split.valid=10000",
-            "data.split.test=1000",
+            *data_slice(40_000, 10_000, 1_000),
             "+experiment=mlp9",
             "trainer.max_epochs=1",
             f"{key}={value}",
@@ -98,12 +89,10 @@ def test_keep_freed_memory_is_accepted_by_glibc() -> None:
 
 
 def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path: Path) -> None:
-    result = script(
+    result = run_script(
         "nplm-bench",
         f"data.path={brown_path}",
-        "data.split.train=20000",
-        "data.split.valid=4000",
-        "data.split.test=4000",
+        *SLICE,
         "+experiment=mlp9",
         "bench.warmup=2",
         "bench.steps=5",
@@ -142,7 +131,7 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
 
 @pytest.mark.parametrize("override", ["bench.steps=0", "bench.what=[speed]", "bench.precisions=[16-mixed]"])
 def test_bench_bad_value_is_one_line_and_exit_2(override: str, tmp_path: Path) -> None:
-    result = script("nplm-bench", override, f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
+    result = run_script("nplm-bench", override, f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nplm-bench: error: bench.")

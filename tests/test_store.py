@@ -1,13 +1,13 @@
 """Independent commands started at the same instant on one embedded store: all finish, nothing is lost."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import alembic.command
 import mlflow
 import pytest
 import sqlalchemy
+from helpers import SLICE, console_script
 from mlflow.store.db.utils import _get_alembic_config
 from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
@@ -15,11 +15,10 @@ from nplm_repro.errors import NplmError
 from nplm_repro.tracking.store import check_store
 
 ROWS = ["del_int", "kn3", "kn4", "kn5"]
-SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 
 
 def start(name: str, *args: str, cwd: Path) -> subprocess.Popen:
-    command = [str(Path(sys.executable).parent / name), *args]
+    command = [console_script(name), *args]
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

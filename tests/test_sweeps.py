@@ -3,8 +3,6 @@ parent run per sweep with every job nested under it, and re-runs that finish onl
 
 import os
 import re
-import subprocess
-import sys
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -12,19 +10,16 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
+from helpers import CONF, SLICE_5K, SWEEPS, composed, composed_study, run_script
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
-from nplm_repro.reporting.report_all import build
+from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.locks import mlp_lock
 
-ROOT = Path(__file__).resolve().parents[1]
-SWEEPS, CONF = ROOT / "sweeps", ROOT / "conf"
-SLICE = ["data.split.train=20000", "data.split.valid=5000", "data.split.test=5000"]
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5"]
 STAMP = "%Y-%m-%d %H:%M:%S,%f"
 ROWS = "+experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the trigram
@@ -32,8 +27,7 @@ ROWS = "+experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the t
 
 def nplm_sweep(workdir: Path, study: str, *overrides: str, env: dict[str, str] | None = None) -> str:
     """The documented command, run as a user runs it; returns its output (stdout and stderr)."""
-    command = [str(Path(sys.executable).parent / "nplm-train"), "-cd", str(SWEEPS), "-cn", study, *overrides]
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600, env=env, check=False)
+    result = run_script("nplm-train", "-cd", str(SWEEPS), "-cn", study, *overrides, cwd=workdir, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout + result.stderr
 
@@ -60,7 +54,7 @@ def job_logs(workdir: Path, first_sweep_only: bool = False) -> list[str]:
 def test_sweep_nests_its_jobs_and_a_second_run_skips_them(brown_path: Path, tmp_path: Path) -> None:
     """Two n-gram rows one after the other (Hydra's basic launcher), the same command twice."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = ["hydra/launcher=basic", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE]
+    overrides = ["hydra/launcher=basic", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
     nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
     parent, jobs = split(runs_of(uri))
     assert parent["status"] == "FINISHED" and parent["tags.study"] == "brown_table1"
@@ -77,7 +71,7 @@ def table(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     """brown_table1 narrowed to four rows (a tiny MLP3, MLP4, Kneser-Ney n=3, Del. Int.), two jobs at a time."""
     workdir = tmp_path_factory.mktemp("sweep")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    overrides = [ROWS, f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
+    overrides = [ROWS, f"data.path={brown_path}", *SLICE_5K, *TINY_MLP, f"tracking.uri={uri}"]
     nplm_sweep(workdir, "brown_table1", *overrides)
     return workdir, uri, overrides
 
@@ -158,7 +152,7 @@ def test_rerun_true_runs_every_job_again(table: tuple[Path, str, list[str]]) -> 
 def test_mlp_trained_for_a_mixed_row_is_its_own_rows_run(brown_path: Path, tmp_path: Path) -> None:
     """MLP4 alone trains MLP3's model first (a run without row); MLP3's job then finds it instead of training."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    common = ["hydra/launcher=basic", f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
+    common = ["hydra/launcher=basic", f"data.path={brown_path}", *SLICE_5K, *TINY_MLP, f"tracking.uri={uri}"]
     nplm_sweep(tmp_path, "brown_table1", "+experiment=mlp4", *common)
     output = nplm_sweep(tmp_path, "brown_table1", "+experiment=mlp3", *common)
     assert output.count("skipped: run") == 1
@@ -171,7 +165,7 @@ def test_mlp_trained_for_a_mixed_row_is_its_own_rows_run(brown_path: Path, tmp_p
 def test_submitit_local_executor_nests_and_resumes(brown_path: Path, tmp_path: Path) -> None:
     """The SLURM launcher's code path (hydra-submitit-launcher) with submitit's local executor."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = ["hydra/launcher=slurm_local", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE]
+    overrides = ["hydra/launcher=slurm_local", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
     nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
     parent, jobs = split(runs_of(uri))
     assert parent["tags.launcher"].endswith("submitit_launcher.LocalLauncher") and parent["status"] == "FINISHED"
@@ -189,7 +183,7 @@ def test_default_sqlite_store_loses_nothing_with_parallel_jobs(brown_path: Path,
     """8 short trainings of MLP3, 2 at a time (joblib), into the default embedded store ./mlflow.db: every run,
     param and metric lands, no job meets "database is locked", and the report afterwards sees all 8 seeds."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    overrides = ["+experiment=mlp3", "seed=range(1,9)", f"data.path={brown_path}", *SLICE, *TINY_MLP]
+    overrides = ["+experiment=mlp3", "seed=range(1,9)", f"data.path={brown_path}", *SLICE_5K, *TINY_MLP]
     output = nplm_sweep(tmp_path, "brown_table1", *overrides, env=env)
     assert (tmp_path / "mlflow.db").exists() and "database is locked" not in output + "".join(job_logs(tmp_path))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -209,17 +203,17 @@ def test_default_sqlite_store_loses_nothing_with_parallel_jobs(brown_path: Path,
     assert report.running.empty and report.failed.empty
 
 
-def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(brown_path: Path, tmp_path: Path) -> None:
+def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(tiny_brown_path: Path, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    command = [str(Path(sys.executable).parent / "nplm-train"), "-cd", str(SWEEPS), "-cn", "brown_table1"]
+    command = ["-cd", str(SWEEPS), "-cn", "brown_table1"]
     command += [
         "hydra/launcher=basic",
         "+experiment=kn3",
         "model.n=1",
-        f"data.path={brown_path}",
+        f"data.path={tiny_brown_path}",
         f"tracking.uri={uri}",
     ]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    result = run_script("nplm-train", *command, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "nplm-train: error: model.n=1 is invalid: expected an integer >= 2"
     parent, jobs = split(runs_of(uri))
@@ -228,8 +222,7 @@ def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(brown_path: Path,
 
 @pytest.mark.parametrize("override,key", [("threads=0", "threads"), ("rerun=2", "rerun"), ("study=''", "study")])
 def test_bad_sweep_keys_are_refused(override: str, key: str) -> None:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[override])
+    cfg = composed(override)
     with pytest.raises(NplmError, match=rf"^{key}="):
         check_config(cfg)
 
@@ -252,8 +245,7 @@ def test_mlp_lock_waits_for_the_job_that_holds_it(tmp_path: Path, monkeypatch: p
 
 def jobs_of(study: str) -> list[list[str]]:
     """The jobs a sweep file launches, in launch order: the swept values as Hydra's basic sweeper expands them."""
-    with initialize_config_dir(config_dir=str(SWEEPS), version_base="1.3"):
-        cfg = compose(study, overrides=[f"hydra.searchpath=[file://{CONF}]"], return_hydra_config=True)
+    cfg = composed_study(study)
     assert cfg.study == study and cfg.hydra.mode.name == "MULTIRUN"
     assert cfg.hydra.launcher.n_jobs == 2 and "mlflow_sweep" in cfg.hydra.callbacks
     params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
@@ -270,8 +262,7 @@ def test_brown_table1_runs_every_row_of_table1_mlps_first() -> None:
 def test_ap_table2_runs_the_rows_of_table2() -> None:
     jobs = [job[0] for job in jobs_of("ap_table2")]
     assert jobs == [f"+experiment={e}" for e in ("ap_mlp10", "del_int", "kn3", "kn4", "kn5")]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=["+experiment=ap_mlp10"])
+    cfg = composed("+experiment=ap_mlp10")
     model = cfg.model
     assert (cfg.row, model.n, model.h, model.m, model.direct, model.mix) == ("MLP10", 6, 60, 100, True, "fixed")
     assert cfg.optim.weight_decay == 1e-5
@@ -290,7 +281,7 @@ def test_brown_sampled_trains_each_mlp_both_ways_and_its_report_pairs_them(brown
     """sweeps/brown_sampled narrowed to MLP9 on a slice: one exact and one sampled job, same seed and data; the
     report's section gives both exact perplexities, epochs, minutes in fit and the speed-up."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = ["+experiment=mlp9", f"data.path={brown_path}", *SLICE, "trainer.max_epochs=1", "optim.samples=100"]
+    overrides = ["+experiment=mlp9", f"data.path={brown_path}", *SLICE_5K, "trainer.max_epochs=1", "optim.samples=100"]
     nplm_sweep(tmp_path, "brown_sampled", *overrides, f"tracking.uri={uri}")
     _, jobs = split(runs_of(uri))
     assert sorted(jobs["params.optim.output"].fillna("exact")) == ["exact", "sampled"]

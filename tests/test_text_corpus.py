@@ -1,23 +1,20 @@
 """A user's plain-text corpus and the AP preprocessing: tokenisation, mappings, reading, errors, splits, the WSJ
-sample of ../shared/data/treebank.zip (raw and tagged), Brown read as text, and the ap_table2 sweep on WSJ."""
+sample of $NPLM_SHARED/data/treebank.zip (raw and tagged), Brown read as text, and the ap_table2 sweep on WSJ."""
 
 import re
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import mlflow
 import pytest
-from hydra import compose, initialize_config_dir
+from helpers import SWEEPS, composed, run_script
 
 from nplm_repro.checks import check_config
-from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, read_brown
+from nplm_repro.data.brown import read_brown
+from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK
 from nplm_repro.data.text import AP_SPLIT, PROPER, TextCorpus, number_symbol, prepare_text, tokenize
 from nplm_repro.errors import NplmError
 
-ROOT = Path(__file__).resolve().parents[1]
-TREEBANK = ROOT.parent / "shared" / "data" / "treebank.zip"
 AP = {"numbers": True, "proper_nouns": True, "lowercase": True, "drop_lines": [".START"]}
 SPLIT = {"train": 40, "valid": 5}  # test: the rest
 
@@ -31,12 +28,6 @@ def write(path: Path, text: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return path
-
-
-@pytest.fixture(scope="module")
-def treebank() -> Path:
-    assert TREEBANK.exists(), f"the tests need the WSJ sample at {TREEBANK}"
-    return TREEBANK
 
 
 @pytest.mark.parametrize(
@@ -211,11 +202,6 @@ def test_bad_input_is_one_line_naming_the_key_or_file(
         prepare_text(str(path), **kwargs)
 
 
-def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
 @pytest.mark.parametrize(
     "overrides,message",
     [
@@ -311,11 +297,11 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
     what was counted, and the sweep ends by writing reports/ap_table2.* with our numbers, the paper's beside them,
     and the corpus it ran on named."""
     uri, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "out"
-    command = [str(Path(sys.executable).parent / "nplm-train"), "-cd", str(ROOT / "sweeps"), "-cn", "ap_table2"]
+    command = ["-cd", str(SWEEPS), "-cn", "ap_table2"]
     command += [f"data.path={treebank}", "data.members=treebank/raw/wsj_", "data.encoding=latin-1"]
     command += ["+experiment=ap_mlp10,kn3", "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
     command += [f"tracking.uri={uri}", f"report={out}"]
-    result = subprocess.run(command, check=False, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    result = run_script("nplm-train", *command, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["ap"])
@@ -332,7 +318,7 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
     md = (out / "ap_table2.md").read_text()
     assert "our runs on corpus ap, read from treebank.zip (treebank/raw/wsj_*)" in md
     assert "the paper's numbers are on AP News 1995-96" in md
-    paper = {"MLP10": (104, 109), "Kneser-Ney back-off": (121, 127)}  # PAPER.md, Table 2
+    paper = {"MLP10": (104, 109), "Kneser-Ney back-off": (121, 127)}  # Table 2, p. 1150
     for row, (paper_valid, paper_test) in paper.items():
         line = next(line for line in md.splitlines() if re.match(rf"\| {row} +\| +(6|3) \|", line))
         cells = [c.strip() for c in line.split("|")]

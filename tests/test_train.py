@@ -1,29 +1,21 @@
 """`nplm-train` end to end on a small real slice of Brown, into a real MLflow store; exact perplexity."""
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 import torch
+from helpers import SLICE, run_script
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.data.corpus import END_OF_TEXT, Corpus, prepare_brown
+from nplm_repro.data.brown import prepare_brown
+from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
 from nplm_repro.models.lightning_module import NPLMModule
 
-SLICE = ["data.split.train=20000", "data.split.valid=4000", "data.split.test=4000"]
 SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]
-
-
-def nplm_train(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """The installed console script, as a user runs it. Pass tracking.uri: mlflow.set_tracking_uri in this
-    process exports MLFLOW_TRACKING_URI, which the child would otherwise inherit."""
-    command = [str(Path(sys.executable).parent / "nplm-train"), *overrides]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +23,8 @@ def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
     workdir = tmp_path_factory.mktemp("train")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    result = nplm_train(
-        workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}", "note=a slice"
-    )
+    args = [f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}", "note=a slice"]
+    result = run_script("nplm-train", *args, cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, uri
 
@@ -99,8 +90,8 @@ def test_reported_perplexity_equals_brute_force(trained: tuple[Path, str], brown
     assert run["metrics.test_ppl"] == pytest.approx(math.exp(nll / (end - start)), rel=1e-6)
 
 
-def test_test_loop_scores_every_token(brown_path: Path) -> None:
-    corpus: Corpus = prepare_brown(str(brown_path), train=3000, valid=500, test=700)
+def test_test_loop_scores_every_token(tiny_brown_path: Path) -> None:
+    corpus: Corpus = prepare_brown(str(tiny_brown_path), train=3000, valid=500, test=700)
     batches = loader(corpus, "test", n=3, batch_size=128)
     assert sum(len(target) for _, target in batches) == 700
 
@@ -110,7 +101,8 @@ def test_ngram_rows_run_through_the_same_entry_point(
     experiment: str, row: str, n: str, brown_path: Path, tmp_path: Path
 ) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = nplm_train(tmp_path, f"data.path={brown_path}", *SLICE, f"+experiment={experiment}", f"tracking.uri={uri}")
+    args = [f"data.path={brown_path}", *SLICE, f"+experiment={experiment}", f"tracking.uri={uri}"]
+    result = run_script("nplm-train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
     run = mlflow.search_runs(experiment_names=["brown"]).iloc[0]
@@ -128,9 +120,8 @@ def test_mixed_rows_reuse_the_trained_mlp(trained: tuple[Path, str], brown_path:
     """MLP4 = MLP3's model mixed with the trigram: no retraining; fixed 0.5, and EM-learned weights do no worse."""
     workdir, uri = trained
     for mix in ("fixed", "learned", "context"):
-        result = nplm_train(
-            workdir, f"data.path={brown_path}", *SMALL, "+experiment=mlp4", f"model.mix={mix}", f"tracking.uri={uri}"
-        )
+        args = [f"data.path={brown_path}", *SMALL, "+experiment=mlp4", f"model.mix={mix}", f"tracking.uri={uri}"]
+        result = run_script("nplm-train", *args, cwd=workdir)
         assert result.returncode == 0, result.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["brown"]).set_index("params.model.mix")
@@ -160,7 +151,8 @@ def test_a_run_cut_by_max_steps_finishes_and_is_scored_on_every_token(
     (before: "Early stopping conditioned on metric valid_ppl_epoch which is not available", exit 1)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     limits = [f"trainer.max_steps={steps}", "trainer.max_epochs=5", "optim.batch_size=250"]
-    result = nplm_train(tmp_path, f"data.path={brown_path}", *SLICE, "model.m=8", *limits, f"tracking.uri={uri}")
+    args = [f"data.path={brown_path}", *SLICE, "model.m=8", *limits, f"tracking.uri={uri}"]
+    result = run_script("nplm-train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])

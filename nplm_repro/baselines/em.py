@@ -1,4 +1,4 @@
-"""Mixture weights fitted by EM: how the paper combines probability estimates (PAPER.md section 5).
+"""Mixture weights fitted by EM: how the paper combines probability estimates (paper §4.1, pp. 1147-1148, and "Mixture of models", p. 1143).
 
 The deleted-interpolation trigram mixes its uniform, unigram, bigram and trigram estimates, and an MLP is
 mixed with that trigram (weight fixed at 0.5, one learned weight, or one set per context-frequency bin).

@@ -1,4 +1,4 @@
-"""An MLP mixed with the interpolated trigram (PAPER.md section 5, "Mixture of models").
+"""An MLP mixed with the interpolated trigram (paper §2, "Mixture of models", p. 1143).
 
     P(w_t | context) = lambda(q_t) P_mlp(w_t | context) + (1 - lambda(q_t)) P_trigram(w_t | context)
 

@@ -1,4 +1,4 @@
-"""The n-gram baselines of Table 1 (PAPER.md section 5): deleted-interpolation trigram, modified Kneser-Ney.
+"""The n-gram baselines of Table 1 (paper §4.1, pp. 1147-1148): deleted-interpolation trigram, modified Kneser-Ney.
 
 Both see the data exactly as the neural models do, so perplexities compare token for token: every token of
 a split is a target, its context is the n-1 tokens before it in the stream (`windows.windows`, padded with
@@ -8,6 +8,8 @@ come from the windows of the training span, one n-gram per training token.
 Word sequences of any length get dense ids level by level (`GramIndex`), so every statistic below is an
 np.bincount or a fancy index over those ids: no Python loop over tokens or n-grams, and no key overflow
 (V^5 > 2^63 forbids packing a 5-gram into one int64).
+The file is longer than most here because both models are built on that one index and scored the same way;
+split apart, each half would need the other.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ class DeletedInterpolation(NgramModel):
       trigram contexts p3 = p2, so there only alpha_2 + alpha_3 is identified (EM keeps their 1:1 start).
     - unseen="zero": it is 0 and the bin's weights learn to rely on lower orders. A context whose last
       word is absent from training (possible: the vocabulary counts the whole stream) then gets total
-      mass below 1. This is what the reference numbers in ../shared/data/README.md were measured with.
+      mass below 1. This is how the corpus's independent reference numbers were measured (tests/test_ngram.py).
 
     The weights depend on the bin q_t = ceil(-ln((1 + c(w_{t-2}, w_{t-1})) / T)) of the context's training
     count (footnote 4; T training tokens; natural log, the base being unstated: 15 bins on Brown, of

@@ -1,123 +1,34 @@
-"""The Brown corpus as the paper streams it (PAPER.md section 2): reading, vocabulary, splits, fingerprint.
+"""What every corpus reader shares (paper §4, p. 1147): the Corpus type and its marks, the reading of a folder or
+zip, the paragraphs of a text, and the tail that turns a stream cut into splits into a vocabulary and ids.
 
-One token stream in file order ca01..cr09: words as written (case and punctuation kept, tags stripped),
-`<eop>` after each paragraph, `<eot>` after each text. The first 800,000 tokens train, the next 200,000
-validate, the rest test. Words of frequency <= 3 become `<unk>`; by default the frequencies are counted
-on the whole stream, which is what reproduces the paper's deleted-interpolation numbers
-(`../shared/data/README.md`); `vocab_from: train` counts on the training split only.
+A stream is one list of tokens in file order: the words of each text, `<eop>` after each paragraph (a block of
+non-blank lines) and `<eot>` after each text. The readers (brown.py, text.py) differ in which files they read,
+how a line becomes words and, for text, the preprocessing before the vocabulary is built.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
-import re
 import zipfile
 import zlib
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from nplm_repro.data.splits import SPLITS, split_bounds
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
-
-log = logging.getLogger(__name__)
 
 END_OF_PARAGRAPH = "<eop>"
 END_OF_TEXT = "<eot>"
 UNK = "<unk>"
-BROWN_TEXT = re.compile(r"c[a-r]\d\d")
-HOW_TO_GET_BROWN = "get it with `python -m nltk.downloader brown` or point data.path at brown.zip"
+VOCAB_FROM = ("stream", "train")  # where word frequencies are counted: the whole stream or the training split
 
-
-def nltk_data_dirs() -> list[Path]:
-    """NLTK's own search path (NLTK_DATA, ~/nltk_data, the system locations), in NLTK's order."""
-    import nltk.data
-
-    return [Path(p).expanduser() for p in nltk.data.path]
-
-
-def brown_candidates(path: str | os.PathLike | None) -> list[Path]:
-    """Where to look for Brown: the configured path alone (a typo must not quietly read another copy), else
-    every NLTK data location, in NLTK's order."""
-    if path:
-        return [Path(path).expanduser()]
-    candidates = []
-    for root in nltk_data_dirs():
-        candidates += [root / "corpora" / "brown.zip", root / "corpora" / "brown"]
-    return candidates
-
-
-def find_brown(path: str | os.PathLike | None) -> Path:
-    """The first candidate that exists; the error lists every place that was looked at."""
-    candidates = brown_candidates(path)
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    looked = ", ".join(str(c) for c in candidates)
-    raise NplmError(f"Brown corpus not found (looked in: {looked}); {HOW_TO_GET_BROWN}")
-
-
-def _brown_files(source: Path) -> list[tuple[str, bytes]]:
-    """(name, raw bytes) of the 500 texts, sorted ca01..cr09, from a zip or an unzipped folder."""
-    try:
-        if source.is_dir():
-            inner = [source / "brown.zip", source / "corpora" / "brown.zip", source / "brown"]
-            if not any(BROWN_TEXT.fullmatch(p.name) for p in source.iterdir()):
-                found = next((p for p in inner if p.exists()), None)
-                if found is None:
-                    raise NplmError(f"{source}: no Brown texts (ca01..cr09) in this folder")
-                return _brown_files(found)
-            files = sorted(p for p in source.iterdir() if BROWN_TEXT.fullmatch(p.name))
-            return [(p.name, p.read_bytes()) for p in files]
-        with zipfile.ZipFile(source) as archive:
-            names = sorted(
-                (n for n in archive.namelist() if BROWN_TEXT.fullmatch(n.rsplit("/", 1)[-1])),
-                key=lambda n: n.rsplit("/", 1)[-1],
-            )
-            return [(n.rsplit("/", 1)[-1], archive.read(n)) for n in names]
-    except (zipfile.BadZipFile, zlib.error, EOFError) as error:
-        raise NplmError(f"{source}: corrupt or truncated zip ({error})") from error
-    except OSError as error:
-        raise NplmError(f"{source}: cannot read ({error})") from error
-
-
-def read_brown(source: Path) -> tuple[list[str], Counter]:
-    """The paper's token stream and what was counted (texts, paragraphs, words, marks)."""
-    files = _brown_files(source)
-    if not files:
-        raise NplmError(f"{source}: no Brown texts (ca01..cr09) found; {HOW_TO_GET_BROWN}")
-    tokens: list[str] = []
-    counted: Counter = Counter()
-    for name, raw in files:
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise NplmError(f"{source}: {name} is not UTF-8 at byte {error.start}") from error
-        in_paragraph = False
-        for line in text.splitlines():
-            items = line.split()
-            if items:
-                tokens += [item.rsplit("/", 1)[0] for item in items]
-                counted["words"] += len(items)
-                in_paragraph = True
-            elif in_paragraph:
-                tokens.append(END_OF_PARAGRAPH)
-                counted["paragraphs"] += 1
-                in_paragraph = False
-        if in_paragraph:
-            tokens.append(END_OF_PARAGRAPH)
-            counted["paragraphs"] += 1
-        tokens.append(END_OF_TEXT)
-        counted["texts"] += 1
-    if counted["words"] == 0:
-        raise NplmError(f"{source}: the corpus is empty (no words in {len(files)} texts)")
-    return tokens, counted
+Word = TypeVar("Word")
 
 
 @dataclass(frozen=True)
@@ -166,54 +77,74 @@ class Corpus:
         )
 
 
+AnyCorpus = TypeVar("AnyCorpus", bound=Corpus)
+
+
+def read_members(path: Path, keep: Callable[[str], bool]) -> list[tuple[str, bytes]]:
+    """(name, raw bytes) of the files of a folder (at any depth, hidden ones skipped) or of a zip whose path inside
+    it `keep` accepts, sorted by that path. A name says where the bytes came from: `folder/member` or
+    `archive.zip:member`. A damaged zip or an unreadable file is one NplmError naming `path`."""
+    try:
+        if path.is_dir():
+            files = ((p.relative_to(path).as_posix(), p) for p in path.rglob("*") if p.is_file())
+            kept = sorted((n, p) for n, p in files if keep(n) and not n.startswith(".") and "/." not in n)
+            return [(f"{path.name}/{n}", p.read_bytes()) for n, p in kept]
+        with zipfile.ZipFile(path) as archive:
+            names = sorted(n for n in archive.namelist() if not n.endswith("/") and keep(n))
+            return [(f"{path.name}:{n}", archive.read(n)) for n in names]
+    except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+        raise NplmError(f"{path}: corrupt or truncated zip ({error})") from error
+    except OSError as error:
+        raise NplmError(f"{path}: cannot read ({error})") from error
+
+
+def split_paragraphs(lines: Iterable[str], words: Callable[[str], list[Word]]) -> list[list[Word]]:
+    """One text's paragraphs, each the words of a block of lines ended by a blank line or the text's end; a
+    block whose lines give no words is no paragraph. `words` cuts a line (a blank one gives none)."""
+    found: list[list[Word]] = []
+    current: list[Word] = []
+    for line in lines:
+        current += words(line)
+        if current and not line.strip():
+            found.append(current)
+            current = []
+    if current:
+        found.append(current)
+    return found
+
+
+def check_vocab_from(vocab_from: str) -> None:
+    """Refuse an unknown `vocab_from` before any file is read."""
+    if vocab_from not in VOCAB_FROM:
+        raise NplmError(f"data.vocab_from must be 'stream' or 'train', not {vocab_from!r}")
+
+
 def build_vocab(counts: Counter, max_unk_freq: int) -> tuple[str, ...]:
     """Words seen more than `max_unk_freq` times and the two marks, most frequent first, then `<unk>`."""
     kept = {w for w, c in counts.items() if c > max_unk_freq} | {END_OF_PARAGRAPH, END_OF_TEXT}
     return (*sorted(kept, key=lambda w: (-counts[w], w)), UNK)
 
 
-def prepare_brown(
-    path: str | None,
-    train: int = 800_000,
-    valid: int = 200_000,
-    test: int | None = None,
-    max_unk_freq: int = 3,
-    vocab_from: str = "stream",
-) -> Corpus:
-    """Brown as the paper streams it, with frequencies counted on `vocab_from` ('stream' or 'train')."""
-    if vocab_from not in ("stream", "train"):
-        raise NplmError(f"data.vocab_from must be 'stream' or 'train', not {vocab_from!r}")
-    source = find_brown(path)
-    tokens, counted = read_brown(source)
-    bounds = split_bounds(len(tokens), train, valid, test)
-    end = bounds["test"][1]
-    tokens = tokens[:end]
-    counts = Counter(tokens if vocab_from == "stream" else tokens[:train])
-    vocab = build_vocab(counts, max_unk_freq)
+def make_corpus(
+    kind: type[AnyCorpus],
+    name: str,
+    tokens: list[str],
+    bounds: dict[str, tuple[int, int]],
+    counted: Counter,
+    vocabulary: Callable[[Counter], tuple[str, ...]],
+    vocab_from: str,
+    source: str,
+    settings: dict[str, Any] | None = None,
+) -> AnyCorpus:
+    """The tail every reader shares: `tokens`, already cut to the end of the test split of `bounds`, as a `kind`
+    (Corpus or a subclass). Word frequencies are counted on `vocab_from` (the whole stream or the training split),
+    `vocabulary` builds the vocabulary from them, every other word becomes `<unk>`, and `counted` gains the
+    types and `<unk>` counts."""
+    train_end = bounds["train"][1]
+    vocab = vocabulary(Counter(tokens if vocab_from == "stream" else tokens[:train_end]))
     index = {w: i for i, w in enumerate(vocab)}
     unk = index[UNK]
     ids = torch.tensor([index.get(w, unk) for w in tokens], dtype=torch.int64)
-    counted.update(
-        types=len(set(tokens)),
-        unk_types=len(set(tokens) - index.keys()),
-        unk_tokens=int((ids == unk).sum()),
-    )
-    corpus = Corpus("brown", vocab, ids, bounds, dict(counted), source=source.name)
-    log.info("read %s", source)
-    log.info("%s", corpus.summary())
-    return corpus
-
-
-CORPORA = ("brown", "text", "ap")  # data.corpus: Brown's reader, or a plain-text corpus (nplm_repro.data.text)
-
-
-def load_corpus(data: Any) -> Corpus:
-    """The corpus a `data` config names (conf/data/*.yaml)."""
-    if data.corpus not in CORPORA:
-        raise NplmError(f"data.corpus={data.corpus!r} is not known (known: {', '.join(CORPORA)})")
-    if data.corpus != "brown":
-        from nplm_repro.data.text import load_text  # it builds on this module
-
-        return load_text(data)
-    split = data.split
-    return prepare_brown(data.path, split.train, split.valid, split.test, data.max_unk_freq, data.vocab_from)
+    types = set(tokens)
+    counted.update(types=len(types), unk_types=len(types - index.keys()), unk_tokens=int((ids == unk).sum()))
+    return kind(name, vocab, ids, bounds, dict(counted), settings or {}, source)

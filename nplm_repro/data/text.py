@@ -1,13 +1,13 @@
-"""A user's plain-text corpus and the paper's AP News preprocessing (PAPER.md section 2), for Table 2 on any news.
+"""A user's plain-text corpus and the paper's AP News preprocessing (§4, p. 1147), for Table 2 (p. 1150) on any news.
 
 Reading. `data.path` is a file, a directory (every file below it, hidden ones skipped) or a `.zip`; files are
 read in sorted order of their path, and `members` keeps only those whose path (relative to the directory, or
 inside the zip) starts with it, e.g. `treebank/raw/wsj_`. Text is UTF-8 (or `encoding`). Each file is one
-text, `<eot>` after it; with `paragraphs` on, `<eop>` after each block of non-blank lines (as in Brown). Lines equal to one of
-`drop_lines` are skipped (`.START`, the first line of the Penn Treebank's raw files). A file whose every item is
-`word/TAG` (Brown, the Treebank's `.pos`, whose `[ ]` chunk brackets and `===` lines are skipped) is tagged
-(`tags: auto`): its words are kept as they are and its tags name the proper nouns; any other file is cut by
-`tokenize`.
+text, `<eot>` after it; with `paragraphs` on, `<eop>` after each block of non-blank lines (as in Brown). Lines
+equal to one of `drop_lines` are skipped (`.START`, the first line of the Penn Treebank's raw files). A file
+whose every item is `word/TAG` (Brown, the Treebank's `.pos`, whose `[ ]` chunk brackets and `===` lines are
+skipped) is tagged (`tags: auto`): its words are kept as they are and its tags name the proper nouns; any other
+file is cut by `tokenize`.
 
 Preprocessing, each step switchable, in this order (the paper lists them without an order):
 1. `numbers`: whole-token numeric forms become symbols (`NUMBERS`: years, ordinals, fractions, decimals,
@@ -29,17 +29,23 @@ import codecs
 import logging
 import re
 import unicodedata
-import zipfile
-import zlib
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
+from nplm_repro.data.corpus import (
+    END_OF_PARAGRAPH,
+    END_OF_TEXT,
+    UNK,
+    Corpus,
+    check_vocab_from,
+    make_corpus,
+    read_members,
+    split_paragraphs,
+)
 from nplm_repro.data.splits import SPLITS, split_bounds
 from nplm_repro.errors import NplmError
 
@@ -54,7 +60,7 @@ NUMBERS = (  # tried in order; the first that matches the whole token names its 
     ("<int>", re.compile(r"\d{1,3}(,\d{3})+|\d+")),  # 61, 1,000
 )
 SYMBOLS = (*(symbol for symbol, _ in NUMBERS), PROPER)
-AP_SPLIT = (13_994_528, 963_138, 963_071)  # PAPER.md section 2
+AP_SPLIT = (13_994_528, 963_138, 963_071)  # train / valid / test tokens of AP News (§4, p. 1147)
 TOKEN = re.compile(
     r"(?:[^\W\d_]\.){2,}"  # initialisms with their dots: U.S., N.V.
     r"|\d+(?:[.,/:]\d+)*\w*(?:[-'’]\w+)*"  # numbers: 1,000 3.5 1/2 10:30 21st 1990s 10-year
@@ -116,52 +122,47 @@ def _is_tagged(lines: list[str], tags: str | bool) -> bool:
     return bool(tags)
 
 
+def _line_words(name: str, tagged: bool, line: str) -> list[tuple[str, bool, bool | None]]:
+    """A line's tokens, each with whether it starts a sentence and, if tagged, whether its tag is a proper noun's."""
+    words: list[tuple[str, bool, bool | None]] = []
+    start = True
+    for item in line.split() if tagged else tokenize(line):
+        if tagged and item in CHUNK:
+            continue
+        if tagged and not TAGGED.fullmatch(item):
+            raise NplmError(f"{name}: {item!r} is not word/TAG (data.tags=true); set data.tags=auto or false")
+        token, proper = _word_of(item) if tagged else (item, None)
+        words.append((token, start, proper))
+        start = token in SENTENCE_END or (start and token in OPENERS)
+    return words
+
+
 def _read_text(stream: Stream, name: str, text: str, tags: str | bool, paragraphs: bool, drop: set[str]) -> None:
     """One file into the stream: its paragraphs, then `<eot>`."""
     lines = [line for line in text.splitlines() if line.strip() not in drop]
     tagged = _is_tagged(lines, tags)
+    if tagged:  # the .pos files' === separator lines are not text: they end a paragraph like blank ones
+        lines = [line if line.strip("= \t") else "" for line in lines]
     stream.counted["files"] += 1
     stream.counted["tagged_files"] += tagged
-    in_paragraph = False
-    for line in lines:
-        if tagged and not line.strip("= \t"):  # the .pos files' === separators are not text
-            line = ""
-        start = True
-        for item in line.split() if tagged else tokenize(line):
-            if tagged and item in CHUNK:
-                continue
-            if tagged and not TAGGED.fullmatch(item):
-                raise NplmError(f"{name}: {item!r} is not word/TAG (data.tags=true); set data.tags=auto or false")
-            token, proper = _word_of(item) if tagged else (item, None)
-            stream.add(token, start, proper)
-            stream.counted["words"] += 1
-            in_paragraph = True
-            start = token in SENTENCE_END or (start and token in OPENERS)
-        if paragraphs and not line.strip() and in_paragraph:
+    for paragraph in split_paragraphs(lines, partial(_line_words, name, tagged)):
+        for word in paragraph:
+            stream.add(*word)
+        stream.counted["words"] += len(paragraph)
+        if paragraphs:
             stream.add(END_OF_PARAGRAPH)
             stream.counted["paragraphs"] += 1
-            in_paragraph = False
-    if paragraphs and in_paragraph:
-        stream.add(END_OF_PARAGRAPH)
-        stream.counted["paragraphs"] += 1
     stream.add(END_OF_TEXT)
 
 
 def source_files(path: Path, members: str | None) -> list[tuple[str, bytes]]:
-    """(name, raw bytes) of every file of a file, directory or zip, sorted by name; `members` is a name prefix."""
-    prefix = members or ""
+    """(name, raw bytes) of a plain file, or of every file of a directory or zip whose path inside it starts with
+    `members`, sorted by that path."""
+    if path.is_dir() or path.suffix.lower() == ".zip":
+        prefix = members or ""
+        return read_members(path, lambda member: member.startswith(prefix))
     try:
-        if path.is_dir():
-            files = ((p.relative_to(path).as_posix(), p) for p in path.rglob("*") if p.is_file())
-            kept = sorted((n, p) for n, p in files if n.startswith(prefix) and not n.startswith(".") and "/." not in n)
-            return [(f"{path.name}/{n}", p.read_bytes()) for n, p in kept]
-        if path.suffix.lower() == ".zip":
-            with zipfile.ZipFile(path) as archive:
-                names = sorted(n for n in archive.namelist() if not n.endswith("/") and n.startswith(prefix))
-                return [(f"{path.name}:{n}", archive.read(n)) for n in names]
         return [(path.name, path.read_bytes())]
-    except (zipfile.BadZipFile, zlib.error, EOFError) as error:
-        raise NplmError(f"{path}: corrupt or truncated zip ({error})") from error
     except OSError as error:
         raise NplmError(f"{path}: cannot read ({error})") from error
 
@@ -287,8 +288,7 @@ def prepare_text(
     """Read, preprocess and split a plain-text corpus (this module's docstring says how)."""
     if not path:
         raise NplmError(f"data.path is required for data.corpus={name}: a UTF-8 text file, a directory or a zip")
-    if vocab_from not in ("stream", "train"):
-        raise NplmError(f"data.vocab_from must be 'stream' or 'train', not {vocab_from!r}")
+    check_vocab_from(vocab_from)
     try:
         codecs.lookup(encoding)
     except LookupError as error:
@@ -331,18 +331,6 @@ def prepare_text(
         lowered = [t if t in SYMBOLS else t.lower() for t in tokens]
         counted["lowercased_tokens"] = sum(a != b for a, b in zip(tokens, lowered))
         tokens = lowered
-    counts = Counter(tokens if vocab_from == "stream" else tokens[:train_end])
-    vocab = build_text_vocab(counts, max_unk_freq, vocab_size)
-    index = {w: i for i, w in enumerate(vocab)}
-    unk = index[UNK]
-    ids = torch.tensor([index.get(w, unk) for w in tokens], dtype=torch.int64)
-    types = set(tokens)
-    counted.update(
-        types=len(types),
-        punctuation_types=sum(is_punctuation(w) for w in vocab),
-        unk_types=len(types - index.keys()),
-        unk_tokens=int((ids == unk).sum()),
-    )
     settings = {
         "reader": {"tags": tags, "paragraphs": paragraphs, "drop_lines": sorted(drop_lines)},
         "numbers": numbers,
@@ -353,31 +341,9 @@ def prepare_text(
         "vocab_from": vocab_from,
     }
     source = Path(path).name + (f" ({members}*)" if members else "")
-    corpus = TextCorpus(name, vocab, ids, bounds, dict(counted), settings, source)
+    vocabulary = partial(build_text_vocab, max_unk_freq=max_unk_freq, vocab_size=vocab_size)
+    corpus = make_corpus(TextCorpus, name, tokens, bounds, counted, vocabulary, vocab_from, source, settings)
+    kept = sum(map(is_punctuation, corpus.vocab))  # a count of the vocabulary, which the shared tail builds
+    corpus = replace(corpus, counts=corpus.counts | {"punctuation_types": kept})
     log.info("%s", corpus.summary())
     return corpus
-
-
-def load_text(data: Any) -> TextCorpus:
-    """The corpus a `data` config with corpus text or ap names (conf/data/text.yaml, ap.yaml)."""
-    split = data.split
-    return prepare_text(
-        data.path,
-        name=data.corpus,
-        members=data.members,
-        encoding=data.encoding,
-        tags=data.tags,
-        paragraphs=data.paragraphs,
-        drop_lines=list(data.drop_lines),
-        numbers=data.numbers,
-        proper_nouns=data.proper_nouns,
-        lowercase=data.lowercase,
-        max_unk_freq=data.max_unk_freq,
-        vocab_size=data.vocab_size,
-        vocab_from=data.vocab_from,
-        train=split.train,
-        valid=split.valid,
-        test=split.test,
-        valid_path=split.valid_path,
-        test_path=split.test_path,
-    )

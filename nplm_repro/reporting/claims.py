@@ -1,4 +1,4 @@
-"""The paper's claims about its tables (PAPER.md section 6), each checked on our numbers with a verdict.
+"""The paper's claims about Table 1 (§4.1, pp. 1148-1149) and Table 2 (p. 1150), each checked on our numbers.
 
 A claim is a set of comparisons of test perplexities (means over seeds) between rows of the table, named by
 their labels (MLP5, Del. Int., Kneser-Ney back-off n=4, class-based back-off n=3 c=500). A comparison whose

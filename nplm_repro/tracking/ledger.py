@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.baselines.mixture import REMIX, mix_with_trigram
 from nplm_repro.baselines.ngram import fit_ngram
-from nplm_repro.data.corpus import Corpus, load_corpus
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError, interrupted, one_line
 from nplm_repro.models.precision import resolve
 from nplm_repro.models.training import train_neural

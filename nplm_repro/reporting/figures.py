@@ -1,0 +1,76 @@
+"""The report's figures: validation perplexity per epoch of the trained MLPs, and perplexity against each knob that
+takes two values or more, ours filled beside the paper's hollow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from nplm_repro.paper import COLUMNS, FAMILY_NAMES
+from nplm_repro.reporting.tables import Report
+
+
+def draw(report: Report, directory: Path) -> list[str]:
+    """Every figure the report has something to show in, saved into `directory`; their file names, in order."""
+    names = []
+    name = f"{report.study}_valid_by_epoch.png"
+    if valid_by_epoch(report, directory / name):
+        names.append(name)
+    for knob in (*COLUMNS, *report.extra):
+        name = f"{report.study}_{knob}.png"
+        if against_knob(report, knob, directory / name):
+            names.append(name)
+    return names
+
+
+def _sort_values(values: list[str]) -> list[str]:
+    numeric = pd.to_numeric(pd.Series(values), errors="coerce")
+    return [v for _, v in sorted(zip(numeric, values))] if numeric.notna().all() else sorted(values)
+
+
+def valid_by_epoch(report: Report, path: Path) -> bool:
+    """Validation perplexity per epoch, one line per seed of every trained MLP row; False when there is none."""
+    curves = {row: seeds for row, seeds in report.history.items() if any(values for _, values in seeds)}
+    if not curves:
+        return False
+    figure = Figure(figsize=(7, 4.5))
+    ax = figure.add_subplot()
+    for colour, (row, seeds) in enumerate(curves.items()):
+        for i, (_, values) in enumerate(seeds):
+            epochs = range(1, len(values) + 1)
+            ax.plot(epochs, values, marker="o", color=f"C{colour % 10}", label=row if i == 0 else None)
+    ax.set(xlabel="epoch", ylabel="validation perplexity", title=f"{report.study}: validation perplexity per epoch")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    return True
+
+
+def against_knob(report: Report, knob: str, path: Path) -> bool:
+    """Valid and test perplexity of every finished row against one knob (ours filled, the paper's hollow)."""
+    rows = report.table[(report.table["status"] == "finished") & (report.table[knob].astype(str) != "")]
+    values = _sort_values(sorted(set(rows[knob].astype(str))))
+    if len(values) < 2:
+        return False
+    position = {v: i for i, v in enumerate(values)}
+    figure = Figure(figsize=(10, 4.2))
+    axes = figure.subplots(1, 2, sharey=True)
+    families = list(dict.fromkeys(rows["family"]))
+    for ax, split in zip(axes, ("valid", "test")):
+        for colour, family in enumerate(families):
+            mine = rows[rows["family"] == family]
+            x = mine[knob].astype(str).map(position)
+            ax.scatter(x, mine[f"{split}_ppl"], color=f"C{colour}", label=f"{FAMILY_NAMES.get(family, family)}")
+            ax.scatter(x, mine[f"paper_{split}_ppl"], facecolors="none", edgecolors=f"C{colour}")
+            for xi, y, text in zip(x, mine[f"{split}_ppl"], mine["label"]):
+                ax.annotate(text, (xi, y), fontsize=6, xytext=(4, 2), textcoords="offset points")
+        ax.set(xticks=range(len(values)), xticklabels=values, xlabel=knob, title=f"{split} perplexity")
+        ax.margins(x=0.3)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("perplexity (filled: ours, hollow: paper)")
+    axes[0].legend(fontsize="small")
+    figure.suptitle(f"{report.study}: perplexity against {knob}")
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    return True

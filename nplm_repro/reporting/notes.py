@@ -1,0 +1,144 @@
+"""The lists under the table, each line a finding in words: runs left out of the table and why, what our data alone
+moves, the mixed rows with the paper's other weightings, and sampled against exact training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_key
+from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
+from nplm_repro.reporting.runs import newest_finished, run_name, run_text
+
+# The knobs of sampled training: without them, a sampled run and an exact run are the same model.
+SAMPLED_ONLY = ("optim.output", "optim.samples", "optim.proposal", "optim.estimator", "trainer.limit_val_batches")
+
+
+def excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
+    """Runs of this data and study, or named after a row of this paper table, that are not in the table, and why.
+
+    Runs excluded for the same reason share one line (a whole other study, such as brown_mixtures, is one line).
+    """
+    if study not in PAPER_TABLES:
+        return []
+    paper = paper_table(study)
+    names = set(paper["row"])
+    by_columns = {row_key(r["family"], r): label(r) for _, r in paper.iterrows()}
+    ours = (all_runs["corpus"] == PAPER_TABLES[study]) | (all_runs["study_tag"] == study)
+    same_data = all_runs[(all_runs["fingerprint"] == fingerprint) & ours]
+    bases = set(same_data["base_run_id"])
+    reasons: dict[str, list[pd.Series]] = {}  # why -> runs
+    for _, run in same_data.sort_values(["start_time", "run_id"]).iterrows():
+        columns_of = by_columns.get(row_key(run["family"], run))
+        if run["study"] == study and run["paper_row"] < 0:
+            if columns_of is None:
+                why = "in this study, but its columns are no row of the paper's table"
+            elif run["row_tag"] == "" and run["run_id"] in bases:
+                why = f"the MLP a mixed row trained for itself (no row tag; columns of {columns_of})"
+            else:
+                why = f"in this study, with the columns of {columns_of} but the row tag {run['row_tag'] or '(none)'}"
+        elif run["row_tag"] in names and run["study"] != study:
+            why = f"in study {run['study']!r}, " + (
+                "its study tag" if run["study_tag"] else "its columns are no row of the paper's table"
+            )
+        else:
+            continue
+        reasons.setdefault(why, []).append(run)
+    return [_excluded_line(why, runs) for why, runs in reasons.items()]
+
+
+def _excluded_line(why: str, runs: list[pd.Series]) -> str:
+    """One run by its full description; several by their rows, mixtures and seeds."""
+    if len(runs) == 1:
+        return f"{run_text(runs[0])}: {why}"
+    names = ", ".join(dict.fromkeys(run_name(run) for run in runs))
+    mixes = ", ".join(dict.fromkeys(run["mix"] for run in runs if run["mix"] != ""))
+    seeds = ", ".join(str(s) for s in sorted({run["seed"] for run in runs}))
+    return f"{why}: {len(runs)} runs, {names}" + (f" (mix {mixes})" if mixes else "") + f"; seeds {seeds}"
+
+
+def data_effect(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str, vocab: str) -> list[str]:
+    """For a paper's table: the n-gram rows' gap to the paper, and how |V| alone moves them (data_effect.py)."""
+    if study not in PAPER_TABLES or not vocab:
+        return []
+    offset = ngram_offset(table)
+    corpus = all_runs[all_runs["fingerprint"] == fingerprint]["corpus"].iloc[0]
+    other = all_runs[(all_runs["corpus"] == corpus) & (all_runs["fingerprint"] != fingerprint)]
+    paper_vocab = PAPER_DATA[PAPER_TABLES[study]]["vocab_size"] if corpus == PAPER_TABLES[study] else None
+    slopes = vocabulary_slope(table, other, int(vocab), paper_vocab)
+    if not slopes and study == "brown_table1":
+        hint = (
+            "How |V| alone moves them is not measured in this store: run "
+            "`nplm-train -cd sweeps -cn brown_vocab data.path=...` (the n-gram rows with words seen <= 4 times "
+            "merged, |V| just below the paper's) and rebuild this report."
+        )
+        slopes = [hint]
+    return ([offset] if offset else []) + slopes
+
+
+def _unmixed(config: str) -> str:
+    """A configuration less its mixture: the MLP it mixes."""
+    return json.dumps({k: v for k, v in json.loads(config).items() if k != "model.mix"})
+
+
+def other_mixtures(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
+    """The paper's mixed rows with its two other weightings of the same MLP (paper §2, "Mixture of models",
+    p. 1143; sweeps/brown_mixtures.yaml): the MLP's weight learned on validation says why a fixed 0.5 helps or not."""
+    if study not in PAPER_TABLES:
+        return []
+    finished = (all_runs["fingerprint"] == fingerprint) & (all_runs["state"] == "finished")
+    runs = all_runs[finished & all_runs["mix"].isin(["learned", "context"])]
+    runs = runs.assign(mlp_config=runs["config"].map(_unmixed))
+    ours = table.set_index("label")
+    lines = []
+    mixed = (table["family"] == "mlp") & (table["mix"] == "yes") & (table["status"] == "finished")
+    for row in table[mixed].itertuples():
+        same = runs[(runs["row_tag"] == row.row) & (runs["mlp_config"] == _unmixed(row.config))]
+        if same.empty:
+            continue
+        mlp = f"MLP{int(row.row.removeprefix('MLP')) - 1}"
+        parts = [f"{row.label} ({mlp} and the trigram): 0.5 each, test {row.test_ppl:.1f}"]
+        if mlp in ours.index and ours.loc[mlp, "status"] == "finished":
+            parts[0] += f" ({mlp} alone {ours.loc[mlp, 'test_ppl']:.1f})"
+        for mode, what in (("learned", "one weight learned on validation"), ("context", "one weight per context bin")):
+            newest = newest_finished(same[same["mix"] == mode])
+            if len(newest):
+                weight = f", the MLP's {newest['mix_lambda'].mean():.2f}" if mode == "learned" else ""
+                parts.append(
+                    f"{what}{weight}, test {newest['test_ppl'].mean():.1f} ({len(newest)} seed{'s' * (len(newest) > 1)})"
+                )
+        lines.append("; ".join(parts))
+    return lines
+
+
+def sampled_vs_exact(table: pd.DataFrame) -> list[str]:
+    """Each trained MLP configuration run both ways: its sampled training against its exact training, on the
+    exact perplexities of both, with epochs, wall time and the speed-up (exact minutes / sampled minutes)."""
+    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    pairs: dict[str, dict[str, pd.Series]] = {}
+    for _, row in trained.iterrows():
+        config = json.loads(row["config"])
+        model = json.dumps({k: v for k, v in config.items() if k not in SAMPLED_ONLY})
+        pairs.setdefault(model, {})[config.get("optim.output", "exact")] = row
+    lines = []
+    for both in pairs.values():
+        if {"exact", "sampled"} <= set(both):
+            exact, sampled = both["exact"], both["sampled"]
+            how = json.loads(sampled["config"])
+            # time in fit where both have it: a run resumed in a later session spans the time between
+            cost = "fit_minutes" if pd.notna(exact["fit_minutes"]) and pd.notna(sampled["fit_minutes"]) else "minutes"
+            speedup = exact[cost] / sampled[cost] if sampled[cost] else np.nan
+            diffs = ", ".join(
+                f"{s} {sampled[f'{s}_ppl']:.1f} ({sampled[f'{s}_ppl'] / exact[f'{s}_ppl'] - 1:+.1%})"
+                for s in ("valid", "test")
+            )
+            lines.append(
+                f"{exact['row']}: exact valid {exact['valid_ppl']:.1f}, test {exact['test_ppl']:.1f}, "
+                f"{exact['epochs']:.0f} epochs, {exact[cost]:.1f} min; sampled (k={how.get('optim.samples')}, "
+                f"{how.get('optim.proposal')} proposal, {how.get('optim.estimator')}) {diffs}, "
+                f"{sampled['epochs']:.0f} epochs, {sampled[cost]:.1f} min{' in fit' if cost == 'fit_minutes' else ''}: "
+                f"{speedup:.1f}x faster"
+            )
+    return lines

@@ -1,0 +1,223 @@
+"""The Report in files: markdown and HTML rendered from one outline (`outline`), the table alone in LaTeX, every
+number in CSV, and the figures; nothing lands in the output directory unless every file was built."""
+
+from __future__ import annotations
+
+import html
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from nplm_repro.data.splits import SPLITS
+from nplm_repro.paper import COLUMNS, PAPER_CORPORA, PAPER_DATA, PAPER_TABLES, PAPER_TITLES
+from nplm_repro.reporting.figures import draw
+from nplm_repro.reporting.runs import run_text
+from nplm_repro.reporting.tables import Report, attempts_table, display
+
+
+@dataclass(frozen=True)
+class Item:
+    """A point of a list: its text after an optional lead in bold, and the points under it."""
+
+    text: str
+    lead: str = ""
+    under: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of the report in no format yet: its heading, then paragraphs, a list, a table, figures, a command."""
+
+    title: str
+    paragraphs: tuple[str, ...] = ()
+    items: tuple[Item, ...] = ()
+    table: pd.DataFrame | None = None
+    figures: tuple[str, ...] = ()
+    command: str = ""
+
+
+def _title(report: Report) -> str:
+    what = PAPER_TITLES.get(report.study, f"study {report.study}")
+    source = f", read from {report.source}" if report.source else ""
+    return f"{report.study}: Bengio et al. (2003), {what}, our runs on corpus {report.corpus}{source}"
+
+
+def _data_line(report: Report) -> str:
+    count = {k: f"{int(v):,}" if v else "?" for k, v in report.data.items()}
+    tokens = " / ".join(count[f"{s}_tokens"] for s in SPLITS)
+    source = f" read from `{report.source}`" if report.source else ""
+    line = (
+        f"Data: corpus `{report.corpus}`{source} (MLflow experiment `{report.experiment}`), "
+        f"fingerprint `{report.fingerprint}`, |V| = {count['vocab_size']}, train / valid / test tokens {tokens}"
+    )
+    paper_corpus = PAPER_TABLES.get(report.study, report.corpus)
+    if paper_corpus in PAPER_DATA:
+        p = PAPER_DATA[paper_corpus]
+        line += (
+            f" (the paper's numbers are on {PAPER_CORPORA[paper_corpus]}: |V| = {p['vocab_size']:,}, "
+            f"{' / '.join(f'{p[s]:,}' for s in SPLITS)})"
+        )
+    return line + "."
+
+
+def _intro(report: Report) -> tuple[str, ...]:
+    commits = [f"`{c[:7]}{'+dirty' if c.endswith('+dirty') else ''}`" for c in report.commits]
+    explain = (
+        "Perplexities of every token of each split: ours (mean ± std over seeds when there are several; `seeds` "
+        "counts them), the paper's, and the relative difference (ours - paper) / paper."
+    )
+    return (_data_line(report), f"Code (git commits of the runs shown): {', '.join(commits) or '?'}.", explain)
+
+
+def _runs_list(runs: pd.DataFrame) -> list[str]:
+    return [
+        f"{run_text(run)}: {run['status']}" + (f"; note: {run['note']}" if run["note"] else "")
+        for _, run in runs.iterrows()
+    ]
+
+
+def outline(report: Report, figures: list[str]) -> list[Section]:
+    """What the report says, in order: the table first (the page's title), then only the sections with content."""
+    others = [
+        f"`{r.fingerprint}`: {r.runs} runs, |V| = {r.vocab_size}, newest {r.newest:%Y-%m-%d %H:%M} UTC"
+        for r in report.other_data.itertuples()
+    ]
+    lists = [
+        ("What our data alone moves", report.data_effect),
+        ("The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)", report.other_mixtures),
+        ("Sampled against exact training (same model, seed and data; exact perplexities of both)", report.sampled),
+        ("Missing (no run)", report.missing),
+        ("Running (shown as running, never as a number)", _runs_list(report.running)),
+        ("Failed or killed", _runs_list(report.failed)),
+        ("Excluded (named after a row of the paper's table, but not in it)", report.excluded),
+        ("Other data fingerprints (not mixed in; pass --fingerprint to report one)", others),
+    ]
+    claims = tuple(Item(f": {c.verdict}.", lead=c.text, under=c.evidence) for c in report.claims)
+    attempts = attempts_table(report)
+    chosen = "Rows run in several configurations; the table shows the one with the lowest mean validation perplexity."
+    sections = [
+        Section(_title(report), paragraphs=_intro(report), table=display(report)),
+        Section("The paper's claims, on our numbers", items=claims),
+        *(Section(heading, items=tuple(Item(line) for line in lines)) for heading, lines in lists),
+        Section("Attempts", paragraphs=(chosen,), table=None if attempts.empty else attempts),
+        Section("Figures", figures=tuple(figures)),
+    ]
+    sections = [s for s in sections if s.items or s.table is not None or s.figures]
+    regenerate = "From the directory that holds the store (or with `--tracking-uri`):"
+    return [*sections, Section("Regenerate", paragraphs=(regenerate,), command=report.command)]
+
+
+def _markdown_table(frame: pd.DataFrame) -> str:
+    """A plain table as pandas writes it; the main table's two header levels as one (the split over `ours`)."""
+    if not isinstance(frame.columns, pd.MultiIndex):
+        return frame.to_markdown(index=False)
+    headers = [top if sub == "ours" else sub for top, sub in frame.columns]
+    align = ["left" if sub in ("row", "seeds") else "right" for _, sub in frame.columns]
+    return frame.to_markdown(index=False, headers=headers, colalign=align)
+
+
+def _markdown_blocks(section: Section, level: int) -> list[str]:
+    blocks = [f"{'#' * level} {section.title}", *section.paragraphs]
+    if section.items:
+        lines = []
+        for item in section.items:
+            lines.append(f"- {f'**{item.lead}**' if item.lead else ''}{item.text}")
+            lines += [f"  - {line}" for line in item.under]
+        blocks.append("\n".join(lines))
+    if section.table is not None:
+        blocks.append(_markdown_table(section.table))
+    if section.figures:
+        blocks.append("\n".join(f"![{f}]({f})" for f in section.figures))
+    if section.command:
+        blocks.append(f"```bash\n{section.command}\n```")
+    return blocks
+
+
+def markdown(report: Report, figures: list[str]) -> str:
+    """The report as markdown: the outline's first section is the page's title, the others its sections."""
+    sections = outline(report, figures)
+    blocks = [block for i, section in enumerate(sections) for block in _markdown_blocks(section, 1 if i == 0 else 2)]
+    return "\n\n".join(blocks) + "\n"
+
+
+def _html_item(item: Item) -> str:
+    e = html.escape
+    lead = f"<b>{e(item.lead)}</b>" if item.lead else ""
+    under = f"<ul>{''.join(f'<li>{e(line)}</li>' for line in item.under)}</ul>" if item.under else ""
+    return f"<li>{lead}{e(item.text)}{under}</li>"
+
+
+def _html_parts(section: Section, level: int) -> list[str]:
+    e = html.escape
+    parts = [f"<h{level}>{e(section.title)}</h{level}>", *(f"<p>{e(p)}</p>" for p in section.paragraphs)]
+    if section.items:
+        parts += ["<ul>", *(_html_item(item) for item in section.items), "</ul>"]
+    if section.table is not None:
+        parts.append(section.table.to_html(index=False, border=0))
+    parts += [f"<img src='{e(f)}' alt='{e(f)}'>" for f in section.figures]
+    if section.command:
+        parts.append(f"<pre>{e(section.command)}</pre>")
+    return parts
+
+
+def html_page(report: Report, figures: list[str]) -> str:
+    """The same outline as `markdown`, as one HTML page."""
+    head = f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(report.study)}</title></head><body>"
+    sections = outline(report, figures)
+    parts = [part for i, section in enumerate(sections) for part in _html_parts(section, 1 if i == 0 else 2)]
+    return "\n".join([head, *parts, "</body></html>"]) + "\n"
+
+
+def _latex_escape(text: str) -> str:
+    return "".join(rf"\{ch}" if ch in "&%$#_{}" else ch for ch in text)
+
+
+def latex(report: Report) -> str:
+    """The table alone, booktabs rules, for a paper."""
+    frame = display(report)
+    caption = _latex_escape(f"{_title(report)}. Data fingerprint {report.fingerprint}.")
+    styled = frame.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    column_format = "".join("l" if sub == "row" else "r" for _, sub in frame.columns)
+    text = styled.to_latex(hrules=True, multicol_align="c", caption=caption, column_format=column_format)
+    return text.replace("±", r"$\pm$")
+
+
+def csv_table(report: Report) -> pd.DataFrame:
+    """Every number of the table, unrounded (running, failed and missing rows have no perplexity)."""
+    columns = [
+        "row",
+        *COLUMNS,
+        *report.extra,
+        *(f"{s}_ppl" for s in SPLITS),
+        *(f"paper_{s}_ppl" for s in SPLITS),
+        "seeds",
+        *(f"{s}_ppl_std" for s in SPLITS),
+        *(f"{s}_rel_diff" for s in SPLITS),
+        "status",
+        "running",
+        "failed",
+        "family",
+        "config_id",
+        "run_ids",
+    ]
+    return report.table.reindex(columns=columns)
+
+
+def write(report: Report, out: Path) -> list[Path]:
+    """Every file of the report, built in a temporary directory and moved into `out` only once all are built."""
+    with tempfile.TemporaryDirectory(prefix="nplm-report-") as tmp:
+        staging = Path(tmp)
+        figures = draw(report, staging)
+        (staging / f"{report.study}.md").write_text(markdown(report, figures))
+        (staging / f"{report.study}.tex").write_text(latex(report))
+        (staging / f"{report.study}.html").write_text(html_page(report, figures))
+        csv_table(report).to_csv(staging / f"{report.study}.csv", index=False)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for path in sorted(staging.iterdir()):
+            written.append(out / path.name)
+            shutil.move(path, written[-1])
+    return written

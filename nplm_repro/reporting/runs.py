@@ -1,0 +1,272 @@
+"""The read side of the report: an experiment's runs from MLflow, one tidy row each, sorted into studies, grouped
+into configurations, seeds averaged.
+
+Which runs: a run belongs to the study its `study` tag names; without one, to the paper's table of its corpus
+when its `row` tag names a row of that table and its model has the row's columns (n, c, h, m, direct, mix),
+else to `adhoc`. Only runs of one data fingerprint are reported (the newest run's, unless one is named).
+Runs of one configuration (the config less seed and bookkeeping) are averaged over seeds, taking the newest
+FINISHED run of each seed. A paper row run in several configurations shows the one with the lowest mean
+validation perplexity (never chosen on test); the others are listed as attempts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+
+import mlflow
+import numpy as np
+import pandas as pd
+
+from nplm_repro.data.splits import SPLITS
+from nplm_repro.errors import NplmError
+from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
+from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS
+from nplm_repro.tracking.locks import sqlite_file
+from nplm_repro.tracking.store import check_store
+
+# Runs from before the tag `family`: their class's name, wherever it lived then.
+FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
+# What a result depends on: an n-gram is counted from the data with the model's knobs; an MLP is also trained.
+# The data itself is pinned by the fingerprint; tracking.* and the row name are labels, not configuration.
+CONFIG_GROUPS = {"mlp": ("data.", "model.", "optim.", "trainer.", "callbacks.")}
+NGRAM_GROUPS = ("data.", "model.")
+MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
+
+
+def present(value: object) -> bool:
+    """A value MLflow recorded: neither missing (None) nor a NaN from a run without it."""
+    return value is not None and not (isinstance(value, float) and np.isnan(value))
+
+
+def _text(value: object) -> str:
+    return str(value) if present(value) else ""
+
+
+@contextlib.contextmanager
+def _tracking(uri: str) -> Iterator[None]:
+    """mlflow.search_runs reads the global tracking URI (and exports it to the environment): restore both after."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
+def read_runs(uri: str, experiment: str) -> pd.DataFrame:
+    """Every run of the experiment (mlflow.search_runs); a missing store or experiment is an error, never created."""
+    path = sqlite_file(uri)
+    if path is not None and not path.is_file():
+        raise NplmError(f"no tracking store at {path}: run nplm-train first, or pass --tracking-uri")
+    check_store(uri, create=False)
+    try:
+        with _tracking(uri):
+            found = mlflow.get_experiment_by_name(experiment)
+            names = sorted(e.name for e in mlflow.search_experiments()) if found is None else []
+            runs = mlflow.search_runs([found.experiment_id]) if found is not None else pd.DataFrame()
+    except Exception as error:  # MLflow raises many types for a bad store; all mean the same to the user
+        raise NplmError(f"tracking store {uri!r} is unusable") from error
+    if found is None:
+        has = f"it has only {', '.join(names)}" if names else "it has none"
+        raise NplmError(f"no runs to report: the store has no experiment {experiment!r} ({has})")
+    if runs.empty:
+        raise NplmError(f"no runs to report: experiment {experiment!r} is empty")
+    return runs
+
+
+def _config(run: pd.Series, family: str) -> dict[str, str]:
+    groups = CONFIG_GROUPS.get(family, NGRAM_GROUPS)
+    config = {
+        key: str(value)
+        for name, value in run.items()
+        if name.startswith("params.")
+        and present(value)
+        and (key := name.removeprefix("params.")).startswith(groups)
+        and not key.startswith(BOOKKEEPING)  # tracking's: where and how a job ran
+    }
+    if family in FAMILY_IDS:  # the family, not where its class lived when the run was made
+        config["model._target_"] = FAMILY_IDS[family]
+    if family == "mlp":
+        config.setdefault("model.mix", "none")  # runs from before the mixture knob were unmixed
+    return dict(sorted(config.items()))
+
+
+def tidy(raw: pd.DataFrame) -> pd.DataFrame:
+    """One row per nplm-repro run: state, data, the paper's columns, seed, configuration and perplexities.
+
+    Runs without a data fingerprint are not nplm-repro runs; sweep parents (no perplexities) are left out.
+    """
+    parents = set(raw.get("tags.mlflow.parentRunId", pd.Series(dtype=object)).dropna())
+    records = []
+    for _, run in raw.iterrows():
+        get = run.get
+        valid = get("metrics.valid_ppl")
+        if not present(get("tags.data_fingerprint")) or (
+            not present(valid) and (run["run_id"] in parents or present(get("tags.sweep")))
+        ):
+            continue
+        target = _text(get("params.model._target_"))
+        family = _text(get("tags.family")) or FAMILIES.get(target.rsplit(".", 1)[-1], target)
+        config = _config(run, family)
+        mlp = family == "mlp"
+        status = run["status"]
+        state = "running" if status in ("RUNNING", "SCHEDULED") else "failed"
+        if status == "FINISHED" and present(valid):
+            state = "finished"
+        records.append(
+            {
+                "run_id": run["run_id"],
+                "name": _text(get("tags.mlflow.runName")),
+                "status": status,
+                "state": state,
+                "start_time": run["start_time"],
+                "fingerprint": get("tags.data_fingerprint"),
+                "corpus": _text(get("tags.corpus")),
+                "source": _text(get("tags.data_source")),
+                "vocab_size": _text(get("tags.vocab_size")),
+                **{f"{split}_tokens": _text(get(f"tags.{split}_tokens")) for split in SPLITS},
+                "git_commit": _text(get("tags.git_commit")),
+                "note": _text(get("tags.note")),
+                "row_tag": ROW_NAMES.get(_text(get("tags.row")), _text(get("tags.row"))),
+                "study_tag": _text(get("tags.study")),
+                "base_run_id": _text(get("tags.base_run_id")),
+                "family": family,
+                "n": config.get("model.n", ""),
+                "c": config.get("model.c", "") if family == "class_based" else "",
+                "h": config.get("model.h", "") if mlp else "",
+                "m": config.get("model.m", "") if mlp else "",
+                "direct": {"True": "yes", "False": "no"}.get(config.get("model.direct", ""), "") if mlp else "",
+                "mix": MIX.get(config["model.mix"], config["model.mix"]) if mlp else "",
+                "seed": _text(get("params.seed")),
+                "config": json.dumps(config),
+                "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
+                "epochs": get("metrics.epochs", np.nan),
+                "minutes": (run["end_time"] - run["start_time"]).total_seconds() / 60
+                if status == "FINISHED"
+                else np.nan,
+                "fit_minutes": get("metrics.fit_seconds", np.nan) / 60,  # an MLP's, without the time it was down
+                **{f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS},
+            }
+        )
+    return pd.DataFrame.from_records(records)
+
+
+def assign_studies(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each run's study and, for runs in a paper's table, the index of their row there."""
+    runs = runs.copy()
+    runs["paper_row"] = -1
+    runs["study"] = runs["study_tag"]
+    for study, corpus in PAPER_TABLES.items():
+        paper = paper_table(study)
+        rows = {(r["row"], *row_key(r["family"], r)): i for i, r in paper.iterrows()}
+        match = pd.Series(
+            [rows.get((r["row_tag"], *row_key(r["family"], r)), -1) for _, r in runs.iterrows()], index=runs.index
+        )
+        ours = (match >= 0) & ((runs["corpus"] == corpus) | (runs["study_tag"] == study))  # e.g. ap_table2 on WSJ
+        runs.loc[ours, "paper_row"] = match[ours]
+        runs.loc[ours & (runs["study"] == ""), "study"] = study
+    runs.loc[runs["study"] == "", "study"] = "adhoc"
+    return runs
+
+
+def choose_fingerprint(study: str, runs: pd.DataFrame, fingerprint: str | None) -> str:
+    """The data to report: the one named, else that of the newest run (runs of two data are never mixed)."""
+    seen = runs.groupby("fingerprint")["start_time"].agg(["max", "size"]).sort_values("max", ascending=False)
+    if fingerprint is None:
+        return str(seen.index[0])
+    if fingerprint not in seen.index:
+        known = ", ".join(f"{f} ({n} runs)" for f, n in seen["size"].items())
+        raise NplmError(f"--fingerprint {fingerprint}: no run of study {study!r} has it (it has: {known})")
+    return fingerprint
+
+
+def newest_finished(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per seed, the newest FINISHED run: what a configuration's numbers are averaged over."""
+    return runs[runs["state"] == "finished"].sort_values(["start_time", "run_id"]).groupby("seed").last()
+
+
+def summarise(runs: pd.DataFrame) -> dict[str, object]:
+    """One configuration: per seed its newest FINISHED run; mean and std over seeds; what is running or failed."""
+    finished = newest_finished(runs)
+    running_seeds = set(runs.loc[runs["state"] == "running", "seed"]) - set(finished.index)
+    summary: dict[str, object] = {
+        "seeds": len(finished),
+        "running": len(running_seeds),
+        "failed": int((runs["state"] == "failed").sum()),
+        "status": "finished" if len(finished) else "running" if running_seeds else "failed",
+        "run_ids": " ".join(finished["run_id"]),
+        "config_id": hashlib.sha256(runs["config"].iloc[0].encode()).hexdigest()[:8],
+        "notes": "; ".join(sorted(set(runs["note"]) - {""})),
+    }
+    for split in SPLITS:
+        values = finished[f"{split}_ppl"].dropna()
+        summary[f"{split}_ppl"] = values.mean() if len(values) else np.nan
+        summary[f"{split}_ppl_std"] = values.std(ddof=1) if len(values) > 1 else np.nan
+    for cost in ("epochs", "minutes", "fit_minutes"):
+        summary[cost] = finished[cost].mean() if cost in finished and finished[cost].notna().any() else np.nan
+    return summary
+
+
+def configurations(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration of the runs: its columns, its summary and its newest start."""
+    rows = []
+    for config, group in runs.groupby("config", sort=False):
+        first = group.iloc[0]
+        rows.append(
+            {
+                "config": config,
+                "family": first["family"],
+                **{c: first[c] for c in COLUMNS},
+                "paper_row": first["paper_row"],
+                "newest": group["start_time"].max(),
+                **summarise(group),
+            }
+        )
+    return pd.DataFrame.from_records(rows)
+
+
+def best(configs: pd.DataFrame) -> pd.Series:
+    """Lowest mean validation perplexity among finished configurations; else the newest running or failed one."""
+    for status in ("finished", "running", "failed"):
+        candidates = configs[configs["status"] == status]
+        if len(candidates):
+            order = ["valid_ppl", "newest"] if status == "finished" else ["newest"]
+            ascending = [True, False] if status == "finished" else [False]
+            return candidates.sort_values(order, ascending=ascending).iloc[0]
+    raise ValueError("no configuration")
+
+
+def varying_keys(configs: pd.DataFrame) -> list[str]:
+    """Config keys besides the paper's columns whose value differs between configurations."""
+    dicts = [json.loads(c) for c in configs["config"]]
+    shown = {"model._target_"} | {f"model.{c}" for c in COLUMNS}
+    keys = sorted({k for d in dicts for k in d} - shown)
+    return [k for k in keys if len({d.get(k, "") for d in dicts}) > 1]
+
+
+def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[float]]]]:
+    """Validation perplexity per epoch of every seed of every trained (unmixed) MLP row shown."""
+    client = mlflow.MlflowClient(uri)
+    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    curves = {}
+    for row in trained.itertuples():
+        curves[row.label] = []
+        for run_id in row.run_ids.split():
+            points = sorted(client.get_metric_history(run_id, "valid_ppl_epoch"), key=lambda m: (m.step, m.timestamp))
+            curves[row.label].append((run_id, [m.value for m in points]))
+    return curves
+
+
+def run_name(run: pd.Series) -> str:
+    """Its row tag, or else its model family's name."""
+    return run["row_tag"] or FAMILY_NAMES.get(run["family"], run["family"])
+
+
+def run_text(run: pd.Series) -> str:
+    """A run as the lists under the table name it: row tag (or family), columns, run name and id."""
+    columns = ", ".join(f"{c}={run[c]}" for c in COLUMNS if run[c] != "")
+    return f"{run_name(run)} ({columns}; run {run['name']}, {run['run_id'][:8]}, seed {run['seed']})"

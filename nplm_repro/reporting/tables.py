@@ -1,0 +1,226 @@
+"""From runs to the Report: the paper's rows side by side with ours (mean ± std over seeds), the configurations
+tried per row, the claims checked, and everything else a report says, before any format."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from nplm_repro.data.splits import SPLITS
+from nplm_repro.errors import NplmError
+from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, label, paper_table, row_key
+from nplm_repro.reporting import notes
+from nplm_repro.reporting.claims import Claim, check_claims
+from nplm_repro.reporting.runs import (
+    assign_studies,
+    best,
+    choose_fingerprint,
+    configurations,
+    history,
+    present,
+    read_runs,
+    tidy,
+    varying_keys,
+)
+
+
+def _with_rel_diff(table: pd.DataFrame) -> pd.DataFrame:
+    for split in SPLITS:
+        table[f"{split}_rel_diff"] = table[f"{split}_ppl"] / table[f"paper_{split}_ppl"] - 1
+    return table
+
+
+def paper_study_table(study: str, configs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The paper's rows in the paper's order, each with its best configuration; the other configurations."""
+    paper = paper_table(study)
+    rows, attempts = [], []
+    for i, paper_row in paper.iterrows():
+        mine = configs[configs["paper_row"] == i]
+        row = paper_row.to_dict()
+        if mine.empty:
+            rows.append({**row, "status": "missing", "seeds": 0, "running": 0, "failed": 0})
+            continue
+        chosen = best(mine)
+        rows.append({**row, **chosen.drop(["family", *COLUMNS]).to_dict()})
+        if len(mine) > 1:
+            attempts.append(mine.assign(row=label(row), chosen=mine["config"] == chosen["config"]))
+    table = _with_rel_diff(pd.DataFrame.from_records(rows))
+    table["label"] = table.apply(label, axis=1)
+    return table, pd.concat(attempts, ignore_index=True) if attempts else pd.DataFrame()
+
+
+def other_study_table(corpus: str, configs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """One row per configuration, with the config keys that vary as extra columns; the paper's numbers beside
+    the configurations that have a paper row's columns."""
+    extra = varying_keys(configs)
+    table = configs.copy()
+    for key in extra:
+        table[key] = [json.loads(c).get(key, "") for c in table["config"]]
+    study = next((s for s, c in PAPER_TABLES.items() if c == corpus), None)
+    paper = paper_table(study) if study else pd.DataFrame(columns=["row", "family", *COLUMNS])
+    by_columns = {row_key(r["family"], r): r for _, r in paper.iterrows()}
+    matched = [by_columns.get(row_key(r["family"], r)) for _, r in table.iterrows()]
+    table["row"] = [m["row"] if m is not None else FAMILY_NAMES.get(f, f) for m, f in zip(matched, table["family"])]
+    for split in SPLITS:
+        table[f"paper_{split}_ppl"] = [m[f"paper_{split}_ppl"] if m is not None else np.nan for m in matched]
+    order = {f: i for i, f in enumerate(FAMILY_NAMES)}
+    table = table.assign(
+        _family=table["family"].map(order).fillna(len(order)),
+        **{f"_{c}": pd.to_numeric(table[c], errors="coerce") for c in ("n", "c", "h", "m")},
+    )
+    table = table.sort_values(["_family", "_n", "_c", "_h", "_m", "direct", "mix", *extra, "config"])
+    table = _with_rel_diff(table.drop(columns=[c for c in table if c.startswith("_")]).reset_index(drop=True))
+    table["label"] = table.apply(label, axis=1, extra=extra)
+    return table, extra
+
+
+@dataclass
+class Report:
+    """Everything a report says, before it is written in any format."""
+
+    study: str
+    experiment: str
+    corpus: str
+    source: str
+    fingerprint: str
+    data: dict[str, str]
+    commits: list[str]
+    table: pd.DataFrame
+    extra: list[str]
+    attempts: pd.DataFrame
+    claims: list[Claim]
+    running: pd.DataFrame
+    failed: pd.DataFrame
+    excluded: list[str]
+    other_data: pd.DataFrame
+    data_effect: list[str]
+    other_mixtures: list[str]
+    sampled: list[str]
+    history: dict[str, list[tuple[str, list[float]]]]
+
+    @property
+    def command(self) -> str:
+        return f"nplm-report --study {self.study} --experiment {self.experiment} --fingerprint {self.fingerprint}"
+
+    @property
+    def missing(self) -> list[str]:
+        return list(self.table.loc[self.table["status"] == "missing", "label"])
+
+
+def build(uri: str, experiment: str, study: str, fingerprint: str | None = None) -> Report:
+    """Read the experiment's runs and assemble the report of `study`; NplmError when there is nothing honest to say."""
+    raw = read_runs(uri, experiment)
+    all_runs = tidy(raw)
+    if all_runs.empty:
+        raise NplmError(
+            f"experiment {experiment!r} holds no nplm-repro runs (none of its {len(raw)} runs has a data_fingerprint tag)"
+        )
+    all_runs = assign_studies(all_runs)
+    runs = all_runs[all_runs["study"] == study]
+    if runs.empty:
+        studies = ", ".join(sorted(all_runs["study"].unique()))
+        raise NplmError(f"no runs of study {study!r} in experiment {experiment!r} (its studies: {studies})")
+    fingerprint = choose_fingerprint(study, runs, fingerprint)
+    other = runs[runs["fingerprint"] != fingerprint]
+    runs = runs[runs["fingerprint"] == fingerprint]
+    if not (runs["state"] == "finished").any():
+        states = ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().sort_index().items())
+        raise NplmError(f"no finished runs of study {study!r} in experiment {experiment!r} ({states})")
+    configs = configurations(runs)
+    if study in PAPER_TABLES and not ((configs["paper_row"] >= 0) & (configs["status"] == "finished")).any():
+        raise NplmError(
+            f"no finished run of study {study!r} in experiment {experiment!r} has the columns of a row of the paper's "
+            f"table ({(runs['state'] == 'finished').sum()} finished runs with other columns)"
+        )
+    corpus = runs["corpus"].iloc[0]
+    if study in PAPER_TABLES:
+        (table, attempts), extra = paper_study_table(study, configs), []
+    else:
+        (table, extra), attempts = other_study_table(corpus, configs), pd.DataFrame()
+    shown = table.loc[table["status"] == "finished", "run_ids"].str.split().explode()
+    newest = runs.sort_values("start_time").iloc[-1]
+    other_data = (
+        other.groupby("fingerprint")
+        .agg(runs=("run_id", "size"), vocab_size=("vocab_size", "first"), newest=("start_time", "max"))
+        .sort_values("newest", ascending=False)
+        .reset_index()
+    )
+    active = runs.sort_values(["start_time", "run_id"])
+    data = {k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))}
+    return Report(
+        study=study,
+        experiment=experiment,
+        corpus=corpus,
+        source=newest["source"],
+        fingerprint=fingerprint,
+        data=data,
+        commits=sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""}),
+        table=table,
+        extra=extra,
+        attempts=attempts,
+        claims=check_claims(study, table),
+        running=active[active["state"] == "running"],
+        failed=active[active["state"] == "failed"],
+        excluded=notes.excluded(study, all_runs, fingerprint),
+        other_data=other_data,
+        data_effect=notes.data_effect(study, table, all_runs, fingerprint, data["vocab_size"]),
+        other_mixtures=notes.other_mixtures(study, table, all_runs, fingerprint),
+        sampled=notes.sampled_vs_exact(table),
+        history=history(uri, table),
+    )
+
+
+def _ours(row: pd.Series, split: str) -> str:
+    if row["status"] != "finished":
+        return {"missing": "not run"}.get(row["status"], row["status"])
+    mean, std = row[f"{split}_ppl"], row[f"{split}_ppl_std"]
+    if not present(mean):
+        return ""
+    return f"{mean:.1f} ± {std:.1f}" if present(std) else f"{mean:.1f}"
+
+
+def _seeds(row: pd.Series) -> str:
+    return f"{row['seeds']}" + (f" (+{row['running']} running)" if row["running"] else "")
+
+
+def display(report: Report) -> pd.DataFrame:
+    """The table as text: ours (mean ± std over seeds), the paper's and the relative difference per split."""
+    keys = ["row", *COLUMNS, *report.extra]
+    frame = {("", k): report.table[k] for k in keys}
+    for split in SPLITS:
+        paper, diff = report.table[f"paper_{split}_ppl"], report.table[f"{split}_rel_diff"]
+        frame[(split, "ours")] = report.table.apply(_ours, axis=1, split=split)
+        frame[(split, "paper")] = paper.map(lambda v: f"{v:g}" if present(v) else "")
+        frame[(split, "diff")] = diff.map(lambda v: f"{v:+.1%}" if present(v) else "")
+    frame[("", "seeds")] = report.table.apply(_seeds, axis=1)
+    return pd.DataFrame(frame)
+
+
+def attempts_table(report: Report) -> pd.DataFrame:
+    """Per paper row run in several configurations: each configuration, what differs from the one shown."""
+    rows = []
+    for _, group in report.attempts.groupby("row", sort=False) if len(report.attempts) else ():
+        chosen = json.loads(group.loc[group["chosen"], "config"].iloc[0])
+        for _, a in group.sort_values(["chosen", "valid_ppl"], ascending=[False, True]).iterrows():
+            config = json.loads(a["config"])
+            differs = [
+                f"{k}={config.get(k, '(unset)')} (shown: {chosen.get(k, '(unset)')})"
+                for k in sorted(set(config) | set(chosen))
+                if config.get(k) != chosen.get(k)
+            ]
+            rows.append(
+                {
+                    "row": a["row"],
+                    "config": a["config_id"],
+                    "shown": "yes" if a["chosen"] else "",
+                    "seeds": a["seeds"],
+                    "valid": _ours(a, "valid"),
+                    "test": _ours(a, "test"),
+                    "differs from the one shown": "; ".join(differs),
+                    "note": a["notes"],
+                }
+            )
+    return pd.DataFrame.from_records(rows)

@@ -1,0 +1,69 @@
+"""What the tests share: the project's folders, where the real corpora are, Hydra composition of conf/, the data
+slices that keep real runs short, and the installed console scripts run as a user runs them.
+
+`from helpers import ...` works in every test module and in conftest.py: pyproject.toml puts tests/ on pytest's
+`pythonpath`. The real corpora are optional: conftest.py's fixtures skip the tests that need them when they are
+absent; tests/data/tiny_brown.zip (written by tests/data/make_tiny_brown.py) is always there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+SWEEPS = ROOT / "sweeps"
+PAPER = ROOT / "nplm_repro" / "paper"  # the paper's tables, as the report reads them
+
+# The real corpora, in the NLTK data format: NPLM_SHARED names the folder whose data/ holds them (../shared from
+# the project's root unless set). Never downloaded by the tests.
+SHARED = Path(os.environ.get("NPLM_SHARED") or ROOT.parent / "shared").expanduser()
+BROWN = SHARED / "data" / "brown.zip"  # Brown Corpus, Form C (tagged), 500 texts
+TREEBANK = SHARED / "data" / "treebank.zip"  # Penn Treebank sample (WSJ), raw and tagged
+TINY_BROWN = Path(__file__).resolve().parent / "data" / "tiny_brown.zip"  # synthetic, in brown.zip's layout
+
+
+def data_slice(train: int, valid: int, test: int) -> list[str]:
+    """The overrides that cut the corpus to these split sizes (tokens)."""
+    return [f"data.split.train={train}", f"data.split.valid={valid}", f"data.split.test={test}"]
+
+
+SLICE = data_slice(20_000, 4_000, 4_000)  # the usual slice of Brown: 28k tokens, texts ca01..ca13
+SLICE_5K = data_slice(20_000, 5_000, 5_000)  # the sweeps' slice
+
+
+def composed(*overrides: str) -> DictConfig:
+    """conf/config.yaml composed by Hydra with these overrides, as nplm-train composes it."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def composed_study(study: str, *overrides: str) -> DictConfig:
+    """A sweep file sweeps/<study>.yaml composed with conf/ on its search path, Hydra's own config included (as
+    `nplm-train -cd sweeps -cn <study>` composes it)."""
+    with initialize_config_dir(config_dir=str(SWEEPS), version_base="1.3"):
+        search = f"hydra.searchpath=[file://{CONF}]"
+        return compose(study, overrides=[search, *overrides], return_hydra_config=True)
+
+
+def console_script(name: str) -> str:
+    """The installed console script `name` (nplm-train, nplm-report, nplm-bench) of this interpreter's venv."""
+    return str(Path(sys.executable).parent / name)
+
+
+def run_script(
+    name: str, *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run an installed console script as a user runs it; its output is captured as text and its exit code left
+    to the caller. Without `env` it gets this process's environment less MLFLOW_TRACKING_URI (which
+    mlflow.set_tracking_uri in a test exports): pass tracking.uri / --tracking-uri to choose the store."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    command = [console_script(name), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)

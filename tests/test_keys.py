@@ -1,0 +1,109 @@
+"""Run identity does not depend on where code lives, and the package's imports point one way."""
+
+import ast
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, composed
+
+from nplm_repro.tracking.keys import config_key, model_key
+
+PACKAGE = ROOT / "nplm_repro"
+
+
+def test_todays_keys_are_those_of_stored_runs() -> None:
+    """Runs in users' stores keep matching: keys computed by main at b1debf9, before the package moved into
+    subpackages (default precision then bf16-mixed), for the Brown fingerprint."""
+    keys = {}
+    for row in ("mlp5", "kn3", "mlp6"):
+        cfg = composed(f"+experiment={row}", "trainer.precision=bf16-mixed")
+        keys[row] = (config_key(cfg, "b45c28977b58c44b"), model_key(cfg, "b45c28977b58c44b"))
+    assert keys == {
+        "mlp5": ("8b13a004ab62ee3a", "c6639489501f8df8"),
+        "kn3": ("683563fe4129996c", "7e68f41a4a06f4f6"),
+        "mlp6": ("39711c54ea6eaaf6", "c6639489501f8df8"),
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides,config,model",
+    [
+        (("+experiment=mlp5",), "95160054aee03774", "8d570b9cfa835952"),
+        (("+experiment=mlp6",), "cb51ef23868c6329", "8d570b9cfa835952"),  # mixed: mlp5's MLP, its own run
+        (("+experiment=kn3",), "b6f922925f41f37c", None),
+        (("+experiment=del_int",), "cf25a758bfb7d01f", None),
+        (("+experiment=class_n3_c500",), "ba5ffb34b8b04328", None),
+    ],
+)
+def test_every_family_keeps_the_key_it_had_before_the_move(
+    overrides: tuple[str, ...], config: str, model: str | None
+) -> None:
+    """Keys computed at 05d9cc6 (the flat package), in float32 and on a fixed data path, for each family."""
+    cfg = composed(*overrides, "trainer.precision=32-true", "data.path=brown.zip")
+    assert config_key(cfg, "0123456789abcdef") == config
+    if model:
+        assert model_key(cfg, "0123456789abcdef") == model
+
+
+def test_a_sampled_run_keeps_its_key() -> None:
+    cfg = composed("+experiment=mlp9", "optim=sampled", "data.path=brown.zip")
+    assert (config_key(cfg, "0123456789abcdef"), model_key(cfg, "0123456789abcdef")) == (
+        "24269bad12448644",
+        "72726c1a6159c1ef",
+    )
+
+
+def imports() -> dict[str, set[str]]:
+    """Each nplm_repro module and the nplm_repro modules it imports, at any depth of its code."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nplm_repro"):
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("nplm_repro")}
+        graph[name] = found
+    return graph
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    graph = imports()
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path[path.index(module) :], module))}"
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            visit(imported, (*path, module))
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, ())
+
+
+def test_dependencies_point_one_way() -> None:
+    """data <- models/baselines <- tracking; reporting reads runs and paper facts, never models or training."""
+    rank = {"paper": 0, "data": 1, "models": 2, "baselines": 3, "tracking": 4}
+    for module, imported in imports().items():
+        layer = module.split(".")[1] if "." in module else ""
+        for other in imported:
+            theirs = other.split(".")[1]
+            if layer in rank and theirs in rank:
+                assert rank[theirs] <= rank[layer], f"{module} imports {other}"
+            if layer == "reporting":
+                assert theirs not in ("models", "baselines", "train", "bench"), f"{module} imports {other}"
+
+
+def test_reading_a_report_loads_no_torch_and_no_lightning() -> None:
+    code = (
+        "import sys, pkgutil, importlib, nplm_repro.reporting as r, nplm_repro.report\n"
+        "[importlib.import_module(m.name) for m in pkgutil.iter_modules(r.__path__, r.__name__ + '.')]\n"
+        "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
