@@ -1,7 +1,7 @@
 """`nplm-bench`: how fast this machine trains, evaluates and counts, printed as one JSON object per line.
 
-nplm-bench +experiment=mlp9                       # the MLP9 configuration on real Brown data
-nplm-bench +experiment=mlp1 bench.what=[matmul,train]
+nplm-bench experiment=mlp9                       # the MLP9 configuration on real Brown data
+nplm-bench experiment=mlp1 bench.what=[matmul,train]
 nplm-bench bench.what=[ngram] bench.ngram_rows=[del_int,kn3]
 
 Takes the same overrides as `nplm-train`. Every line has `what`, `tokens_per_s` (where tokens apply) and
@@ -195,7 +195,7 @@ def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> tuple[float
 
 def bench_ngrams(cfg: DictConfig, corpus: Corpus) -> None:
     for row in cfg.bench.ngram_rows:
-        model_cfg = hydra.compose("config", overrides=[f"+experiment={row}"]).model
+        model_cfg = hydra.compose("config", overrides=[f"experiment={row}"]).model
         start = time.perf_counter()
         model = instantiate(model_cfg, _convert_="all").fit(corpus)
         fitted = time.perf_counter()

@@ -20,6 +20,11 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a job stopped by Ctrl-C
 
 
+# Hydra's word for `+experiment=mlp5` since conf/config.yaml lists the group (`experiment: null`), and the fix
+OLD_EXPERIMENT = "Multiple values for experiment."
+NEW_EXPERIMENT = " (the group is in the defaults now: write experiment=<row>, without the +)"
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
     sys.exit(code)
@@ -68,7 +73,8 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
         except (HydraException, OmegaConfBaseException, NplmError) as error:
             if _user_wants_traceback:
                 raise
-            _fail(one_line(error))
+            message = one_line(error)
+            _fail(message + NEW_EXPERIMENT if message.startswith(OLD_EXPERIMENT) else message)
         except (KeyboardInterrupt, SystemExit) as error:
             if not interrupted(error) or _user_wants_traceback:
                 raise

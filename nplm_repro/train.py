@@ -1,7 +1,7 @@
 """`nplm-train`: fit one model on a corpus and record the run in MLflow (the run ledger does the work).
 
-nplm-train +experiment=mlp5                # a Table 1 MLP row (eq. 1, trained by Lightning)
-nplm-train +experiment=kn4                 # a Table 1 n-gram row (counted, no training loop)
+nplm-train experiment=mlp5                # a Table 1 MLP row (eq. 1, trained by Lightning)
+nplm-train experiment=kn4                 # a Table 1 n-gram row (counted, no training loop)
 nplm-train model.h=100 trainer.max_epochs=3
 nplm-train -cd sweeps -cn brown_table1     # a study: every row, in parallel, under one MLflow parent run
 """

@@ -293,7 +293,7 @@ CLASS_ROWS = {
 
 @pytest.mark.parametrize("row", list(CLASS_ROWS))
 def test_experiment_files_set_the_class_based_rows(row):
-    cfg = composed(f"+experiment={row}")
+    cfg = composed(f"experiment={row}")
     check_config(cfg)
     model = instantiate(cfg.model, _convert_="all")
     assert cfg.row == "class-based back-off"

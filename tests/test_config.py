@@ -22,7 +22,7 @@ from nplm_repro.errors import NplmError
     ],
 )
 def test_experiment_files_set_the_papers_rows(row: str, n: int, h: int, m: int, direct: bool) -> None:
-    cfg = composed(f"+experiment={row}")
+    cfg = composed(f"experiment={row}")
     assert (cfg.row, cfg.model.n, cfg.model.h, cfg.model.m, cfg.model.direct) == (row.upper(), n, h, m, direct)
     check_config(cfg)
 
@@ -83,7 +83,8 @@ def test_h0_without_direct_is_refused() -> None:
         ("model.size=3", "Could not override 'model.size'"),
         ("model.h=0", "model.h=0 needs model.direct=true"),
         ("model.n=1", "model.n=1 is invalid"),
-        ("+experiment=mlp99", "Could not find 'experiment/mlp99'"),
+        ("experiment=mlp99", "Could not find 'experiment/mlp99'"),
+        ("+experiment=mlp5", "write experiment=<row>, without the +"),  # the form before experiment: null
     ],
 )
 def test_cli_bad_config_is_one_line_and_nonzero_exit(override: str, message: str, tmp_path: Path) -> None:

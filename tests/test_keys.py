@@ -17,7 +17,7 @@ def test_todays_keys_are_those_of_stored_runs() -> None:
     subpackages (default precision then bf16-mixed), for the Brown fingerprint."""
     keys = {}
     for row in ("mlp5", "kn3", "mlp6"):
-        cfg = composed(f"+experiment={row}", "trainer.precision=bf16-mixed")
+        cfg = composed(f"experiment={row}", "trainer.precision=bf16-mixed")
         keys[row] = (config_key(cfg, "b45c28977b58c44b"), model_key(cfg, "b45c28977b58c44b"))
     assert keys == {
         "mlp5": ("8b13a004ab62ee3a", "c6639489501f8df8"),
@@ -29,11 +29,11 @@ def test_todays_keys_are_those_of_stored_runs() -> None:
 @pytest.mark.parametrize(
     "overrides,config,model",
     [
-        (("+experiment=mlp5",), "95160054aee03774", "8d570b9cfa835952"),
-        (("+experiment=mlp6",), "cb51ef23868c6329", "8d570b9cfa835952"),  # mixed: mlp5's MLP, its own run
-        (("+experiment=kn3",), "b6f922925f41f37c", None),
-        (("+experiment=del_int",), "cf25a758bfb7d01f", None),
-        (("+experiment=class_n3_c500",), "ba5ffb34b8b04328", None),
+        (("experiment=mlp5",), "95160054aee03774", "8d570b9cfa835952"),
+        (("experiment=mlp6",), "cb51ef23868c6329", "8d570b9cfa835952"),  # mixed: mlp5's MLP, its own run
+        (("experiment=kn3",), "b6f922925f41f37c", None),
+        (("experiment=del_int",), "cf25a758bfb7d01f", None),
+        (("experiment=class_n3_c500",), "ba5ffb34b8b04328", None),
     ],
 )
 def test_every_family_keeps_the_key_it_had_before_the_move(
@@ -47,7 +47,7 @@ def test_every_family_keeps_the_key_it_had_before_the_move(
 
 
 def test_a_sampled_run_keeps_its_key() -> None:
-    cfg = composed("+experiment=mlp9", "optim=sampled", "data.path=brown.zip")
+    cfg = composed("experiment=mlp9", "optim=sampled", "data.path=brown.zip")
     assert (config_key(cfg, "0123456789abcdef"), model_key(cfg, "0123456789abcdef")) == (
         "24269bad12448644",
         "72726c1a6159c1ef",

@@ -25,7 +25,7 @@ from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.ledger import ORPHANED
 
 SLICE = data_slice(60_000, 5_000, 5_000)
-SMALL = [*SLICE, "+experiment=mlp3", "model.m=8", "trainer.max_epochs=3", "seed=5", "trainer.enable_progress_bar=false"]
+SMALL = [*SLICE, "experiment=mlp3", "model.m=8", "trainer.max_epochs=3", "seed=5", "trainer.enable_progress_bar=false"]
 NPLM_TRAIN, NPLM_REPORT = console_script("nplm-train"), console_script("nplm-report")
 
 
@@ -144,8 +144,8 @@ def test_rerun_true_starts_afresh_instead_of_resuming(brown_path: Path, tmp_path
 @pytest.mark.parametrize(
     "overrides,progress,study",
     [
-        (["+experiment=class_n3_c150"], "exchange c=150 pass 1:", "brown_table1"),  # an n-gram row, clustering
-        (["+experiment=mlp3", "model.m=8", "trainer.max_epochs=1"], "MLflow run ", "adhoc"),  # before a checkpoint
+        (["experiment=class_n3_c150"], "exchange c=150 pass 1:", "brown_table1"),  # an n-gram row, clustering
+        (["experiment=mlp3", "model.m=8", "trainer.max_epochs=1"], "MLflow run ", "adhoc"),  # before a checkpoint
     ],
 )
 @pytest.mark.slow
@@ -184,7 +184,7 @@ def test_diverging_job_fails_with_its_error_and_the_sweep_completes(brown_path: 
     """MLP3 with a huge learning rate reaches a NaN loss; the Kneser-Ney job beside it finishes."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
-    sweep += [f"data.path={brown_path}", *SLICE, "+experiment=mlp3,kn3", "optim.lr=10", f"tracking.uri={uri}"]
+    sweep += [f"data.path={brown_path}", *SLICE, "experiment=mlp3,kn3", "optim.lr=10", f"tracking.uri={uri}"]
     result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2
     message = "the model diverged (try a smaller optim.lr)"
@@ -229,7 +229,7 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
     every job, and nothing is left running."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
-    sweep += [f"data.path={brown_path}", *SLICE, "+experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
+    sweep += [f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
     sweep += ["trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
     process = subprocess.Popen(sweep, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
@@ -264,7 +264,7 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
 def test_unusable_tracking_store_is_one_line_before_any_work(uri: str, message: str, tmp_path: Path) -> None:
     """MLflow's own client would retry an unreachable server for minutes; the check answers in seconds."""
     train = subprocess.run(
-        [NPLM_TRAIN, "+experiment=kn3", f"tracking.uri={uri}"],
+        [NPLM_TRAIN, "experiment=kn3", f"tracking.uri={uri}"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -400,7 +400,7 @@ def test_paths_with_spaces_and_non_ascii_and_stale_lock_files_just_work(brown_pa
     for name in ("run-0000000000000000.lock", "mlp-0000000000000000.lock"):
         (tmp_path / "cache" / "locks" / name).write_text("left behind")
     uri = f"sqlite:///{folder}/mlflow.db"
-    train = [NPLM_TRAIN, f"data.path='{corpus}'", *SLICE, "+experiment=kn3", f"tracking.uri='{uri}'"]
+    train = [NPLM_TRAIN, f"data.path='{corpus}'", *SLICE, "experiment=kn3", f"tracking.uri='{uri}'"]
     env = os.environ | {"NPLM_CACHE": str(tmp_path / "cache")}
     result = subprocess.run(train, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -411,7 +411,7 @@ def test_paths_with_spaces_and_non_ascii_and_stale_lock_files_just_work(brown_pa
 @pytest.mark.slow
 def test_ctrl_c_while_the_corpus_is_read_is_exit_130_and_leaves_no_run(brown_path: Path, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    train = [NPLM_TRAIN, f"data.path={brown_path}", "+experiment=mlp3", f"tracking.uri={uri}"]
+    train = [NPLM_TRAIN, f"data.path={brown_path}", "experiment=mlp3", f"tracking.uri={uri}"]
     process = subprocess.Popen(train, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in process.stdout:
         if "torch threads" in line:  # logged just before the whole of Brown is read
@@ -435,9 +435,9 @@ def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path
         f"tracking.uri={uri}",
         f"hydra.run.dir={small_disk.parent}/o",
     ]
-    assert subprocess.run([*rows, "+experiment=kn3"], cwd=small_disk.parent, capture_output=True).returncode == 0
+    assert subprocess.run([*rows, "experiment=kn3"], cwd=small_disk.parent, capture_output=True).returncode == 0
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
-    result = subprocess.run([*rows, "+experiment=kn4"], cwd=small_disk.parent, capture_output=True, text=True)
+    result = subprocess.run([*rows, "experiment=kn4"], cwd=small_disk.parent, capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"nplm-train: error: tracking store '{uri}' is unusable: "
@@ -453,7 +453,7 @@ def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path
 def test_mlflow_tracking_uri_pointing_nowhere_is_one_line_before_any_work(tmp_path: Path) -> None:
     env = os.environ | {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
     result = subprocess.run(
-        [NPLM_TRAIN, "+experiment=kn3"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+        [NPLM_TRAIN, "experiment=kn3"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (

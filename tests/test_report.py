@@ -75,11 +75,11 @@ def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.Tem
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
         for row in ROWS:
-            ledger.run(composed(f"+experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"))
+            ledger.run(composed(f"experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"))
         learned = ["model.mix=learned", "study=brown_mixtures", "callbacks.model_checkpoint.dirpath=unused"]
-        ledger.run(composed("+experiment=mlp6", *common, *learned))  # as sweeps/brown_mixtures runs it
+        ledger.run(composed("experiment=mlp6", *common, *learned))  # as sweeps/brown_mixtures runs it
         vocab = ["data.max_unk_freq=4", "study=brown_vocab", "callbacks.model_checkpoint.dirpath=unused"]
-        ledger.run(composed("+experiment=kn3", *common, *vocab))  # as sweeps/brown_vocab runs it
+        ledger.run(composed("experiment=kn3", *common, *vocab))  # as sweeps/brown_vocab runs it
     return workdir, uri
 
 
@@ -207,9 +207,9 @@ def states(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     uri = store_in(workdir, empty_store)
     client = MlflowClient(uri)
     brown = client.create_experiment("brown", artifact_location=str(workdir / "mlruns"))
-    mlp = "+experiment=mlp{}".format
+    mlp = "experiment=mlp{}".format
     ids = {"uri": uri}
-    log_run(client, brown, ("+experiment=del_int",), 0, ppl=(31, 360, 340), fingerprint=FP_OLD)
+    log_run(client, brown, ("experiment=del_int",), 0, ppl=(31, 360, 340), fingerprint=FP_OLD)
     log_run(client, brown, (mlp(1), "seed=1"), 1, ppl=(190, 400, 390))  # superseded by the newer seed-1 run
     for i, seed in enumerate((1, 2, 3)):
         values = (180 + 2 * i, 280 + 2 * i, 266 + 2 * i)
@@ -222,9 +222,9 @@ def states(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     log_run(client, brown, (mlp(5), "optim=paper"), 18, ppl=(200, 300, 250))  # better test, worse valid
     log_run(client, brown, (mlp(6), "model.mix=learned"), 19, ppl=(None, 271, 252))
     log_run(client, brown, (mlp(7), "model.m=8"), 20, ppl=(220, 320, 300))
-    log_run(client, brown, ("+experiment=kn3",), 21, ppl=(90, 340, 320), study="grid")
-    log_run(client, brown, ("+experiment=kn4", "seed=2"), 21, ppl=(88, 342, 322), study="grid")
-    log_run(client, brown, ("+experiment=del_int",), 22, ppl=(32, 350, 330))
+    log_run(client, brown, ("experiment=kn3",), 21, ppl=(90, 340, 320), study="grid")
+    log_run(client, brown, ("experiment=kn4", "seed=2"), 21, ppl=(88, 342, 322), study="grid")
+    log_run(client, brown, ("experiment=del_int",), 22, ppl=(32, 350, 330))
     parent = client.create_run(brown, start_time=T0 + 23_000, tags={"sweep": "true", "study": "brown_table1"})
     client.set_tag(parent.info.run_id, "data_fingerprint", FP_NEW)  # even so, a parent is not a row
     ids["parent"] = parent.info.run_id
@@ -396,8 +396,8 @@ def test_the_margins_are_the_issues_thresholds_20_and_30_percent() -> None:
 def no_finished_runs(uri: str) -> None:
     client = MlflowClient(uri)
     brown = client.create_experiment("brown")
-    log_run(client, brown, ("+experiment=mlp1",), 0, status="RUNNING")
-    log_run(client, brown, ("+experiment=mlp3",), 1, status="FAILED")
+    log_run(client, brown, ("experiment=mlp1",), 0, status="RUNNING")
+    log_run(client, brown, ("experiment=mlp3",), 1, status="FAILED")
 
 
 def no_paper_row(uri: str) -> None:
@@ -406,7 +406,7 @@ def no_paper_row(uri: str) -> None:
     log_run(
         client,
         client.create_experiment("brown"),
-        ("+experiment=mlp3", "model.m=8"),
+        ("experiment=mlp3", "model.m=8"),
         0,
         ppl=(1, 2, 3),
         study="brown_table1",

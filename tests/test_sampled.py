@@ -85,7 +85,7 @@ def test_sparse_sgd_takes_the_same_step_as_sgd() -> None:
 
 def test_sampled_config_is_checked_and_keyed_apart_from_exact() -> None:
     corpus = SimpleNamespace(fingerprint="f")
-    exact, sampled = composed("+experiment=mlp5"), composed("+experiment=mlp5", "optim=sampled")
+    exact, sampled = composed("experiment=mlp5"), composed("experiment=mlp5", "optim=sampled")
     check_config(sampled)
     assert sampled.optim.output == "sampled" and sampled.trainer.limit_val_batches == 0.25
     assert config_key(exact, corpus.fingerprint) != config_key(sampled, corpus.fingerprint) and model_key(
@@ -109,7 +109,7 @@ def test_sampled_run_is_scored_exactly_on_every_token(brown_path: Path, tmp_path
         "nplm-train",
         f"data.path={brown_path}",
         *data_slice(40_000, 10_000, 5_000),
-        "+experiment=mlp9",
+        "experiment=mlp9",
         "optim=sampled",
         "optim.samples=200",
         "trainer.max_epochs=2",

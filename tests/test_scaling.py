@@ -92,7 +92,7 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
             str(SWEEPS),
             "-cn",
             "brown_table1",
-            "+experiment=mlp3,kn3,mlp4",
+            "experiment=mlp3,kn3,mlp4",
         ]
         sweep += [f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
         result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=900)
@@ -139,7 +139,7 @@ def test_ddp_on_two_cpu_processes_trains_as_one_process_with_their_batches_toget
     """2 processes x 256 words per step (ddp_spawn, gloo) against 1 process x 512: the same windows per step
     and the same per-word learning rate, so the same model up to float rounding."""
     common = [f"data.path={brown_path}", *data_slice(20_480, 4_000, 4_000)]
-    common += ["+experiment=mlp3", "model.m=8", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
+    common += ["experiment=mlp3", "model.m=8", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
     common += ["trainer.accelerator=cpu", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
     ddp = ["trainer.strategy=ddp_spawn", "trainer.devices=2", "optim.batch_size=256", "threads=1"]
     for variant in (ddp, ["optim.batch_size=512"]):

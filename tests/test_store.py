@@ -37,7 +37,7 @@ def test_four_rows_at_once_on_a_new_then_a_used_store_all_finish(brown_path: Pat
 
     def rows(seed: int) -> list[list[str]]:
         common = [f"data.path={brown_path}", *SLICE, f"seed={seed}", f"tracking.uri={uri}"]
-        return [["nplm-train", f"+experiment={row}", *common, f"hydra.run.dir={tmp_path}/{row}-{seed}"] for row in ROWS]
+        return [["nplm-train", f"experiment={row}", *common, f"hydra.run.dir={tmp_path}/{row}-{seed}"] for row in ROWS]
 
     for code, stderr in at_once(rows(1), tmp_path):
         assert code == 0, stderr[-2000:]
@@ -80,7 +80,7 @@ def store_left_mid_upgrade(path: Path) -> None:
 def test_a_store_left_mid_upgrade_is_repaired_and_keeps_its_runs(brown_path: Path, tmp_path: Path) -> None:
     store_left_mid_upgrade(tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    command = [f"data.path={brown_path}", *SLICE, "+experiment=del_int", f"tracking.uri={uri}"]
+    command = [f"data.path={brown_path}", *SLICE, "experiment=del_int", f"tracking.uri={uri}"]
     ((code, stderr),) = at_once([["nplm-train", *command, f"hydra.run.dir={tmp_path}/run"]], tmp_path)
     assert code == 0, stderr[-2000:]
     said = (tmp_path / "run" / "train.log").read_text()

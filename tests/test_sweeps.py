@@ -22,7 +22,7 @@ from nplm_repro.tracking.locks import mlp_lock
 
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5"]
 STAMP = "%Y-%m-%d %H:%M:%S,%f"
-ROWS = "+experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the trigram
+ROWS = "experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the trigram
 
 
 def nplm_sweep(workdir: Path, study: str, *overrides: str, env: dict[str, str] | None = None) -> str:
@@ -54,7 +54,7 @@ def job_logs(workdir: Path, first_sweep_only: bool = False) -> list[str]:
 def test_sweep_nests_its_jobs_and_a_second_run_skips_them(brown_path: Path, tmp_path: Path) -> None:
     """Two n-gram rows one after the other (Hydra's basic launcher), the same command twice."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = ["hydra/launcher=basic", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
+    overrides = ["hydra/launcher=basic", "experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
     nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
     parent, jobs = split(runs_of(uri))
     assert parent["status"] == "FINISHED" and parent["tags.study"] == "brown_table1"
@@ -153,8 +153,8 @@ def test_mlp_trained_for_a_mixed_row_is_its_own_rows_run(brown_path: Path, tmp_p
     """MLP4 alone trains MLP3's model first (a run without row); MLP3's job then finds it instead of training."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = ["hydra/launcher=basic", f"data.path={brown_path}", *SLICE_5K, *TINY_MLP, f"tracking.uri={uri}"]
-    nplm_sweep(tmp_path, "brown_table1", "+experiment=mlp4", *common)
-    output = nplm_sweep(tmp_path, "brown_table1", "+experiment=mlp3", *common)
+    nplm_sweep(tmp_path, "brown_table1", "experiment=mlp4", *common)
+    output = nplm_sweep(tmp_path, "brown_table1", "experiment=mlp3", *common)
     assert output.count("skipped: run") == 1
     runs = runs_of(uri)
     jobs = runs[runs["tags.sweep"] != "true"]  # two sweeps (different rows): two parents
@@ -165,7 +165,7 @@ def test_mlp_trained_for_a_mixed_row_is_its_own_rows_run(brown_path: Path, tmp_p
 def test_submitit_local_executor_nests_and_resumes(brown_path: Path, tmp_path: Path) -> None:
     """The SLURM launcher's code path (hydra-submitit-launcher) with submitit's local executor."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = ["hydra/launcher=slurm_local", "+experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
+    overrides = ["hydra/launcher=slurm_local", "experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
     nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
     parent, jobs = split(runs_of(uri))
     assert parent["tags.launcher"].endswith("submitit_launcher.LocalLauncher") and parent["status"] == "FINISHED"
@@ -183,7 +183,7 @@ def test_default_sqlite_store_loses_nothing_with_parallel_jobs(brown_path: Path,
     """8 short trainings of MLP3, 2 at a time (joblib), into the default embedded store ./mlflow.db: every run,
     param and metric lands, no job meets "database is locked", and the report afterwards sees all 8 seeds."""
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    overrides = ["+experiment=mlp3", "seed=range(1,9)", f"data.path={brown_path}", *SLICE_5K, *TINY_MLP]
+    overrides = ["experiment=mlp3", "seed=range(1,9)", f"data.path={brown_path}", *SLICE_5K, *TINY_MLP]
     output = nplm_sweep(tmp_path, "brown_table1", *overrides, env=env)
     assert (tmp_path / "mlflow.db").exists() and "database is locked" not in output + "".join(job_logs(tmp_path))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -208,7 +208,7 @@ def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(tiny_brown_path: 
     command = ["-cd", str(SWEEPS), "-cn", "brown_table1"]
     command += [
         "hydra/launcher=basic",
-        "+experiment=kn3",
+        "experiment=kn3",
         "model.n=1",
         f"data.path={tiny_brown_path}",
         f"tracking.uri={uri}",
@@ -253,7 +253,7 @@ def jobs_of(study: str) -> list[list[str]]:
 
 
 def test_brown_table1_runs_every_row_of_table1_mlps_first() -> None:
-    jobs = [job[0].removeprefix("+experiment=") for job in jobs_of("brown_table1")]
+    jobs = [job[0].removeprefix("experiment=") for job in jobs_of("brown_table1")]
     assert sorted(jobs) == sorted(p.stem for p in (CONF / "experiment").glob("*.yaml") if not p.stem.startswith("ap_"))
     last_unmixed = max(jobs.index(f"mlp{i}") for i in (1, 3, 5, 7, 9))
     assert all(jobs.index(f"mlp{i}") > last_unmixed for i in (2, 4, 6, 8, 10))
@@ -261,8 +261,8 @@ def test_brown_table1_runs_every_row_of_table1_mlps_first() -> None:
 
 def test_ap_table2_runs_the_rows_of_table2() -> None:
     jobs = [job[0] for job in jobs_of("ap_table2")]
-    assert jobs == [f"+experiment={e}" for e in ("ap_mlp10", "del_int", "kn3", "kn4", "kn5")]
-    cfg = composed("+experiment=ap_mlp10")
+    assert jobs == [f"experiment={e}" for e in ("ap_mlp10", "del_int", "kn3", "kn4", "kn5")]
+    cfg = composed("experiment=ap_mlp10")
     model = cfg.model
     assert (cfg.row, model.n, model.h, model.m, model.direct, model.mix) == ("MLP10", 6, 60, 100, True, "fixed")
     assert cfg.optim.weight_decay == 1e-5
@@ -281,7 +281,7 @@ def test_brown_sampled_trains_each_mlp_both_ways_and_its_report_pairs_them(brown
     """sweeps/brown_sampled narrowed to MLP9 on a slice: one exact and one sampled job, same seed and data; the
     report's section gives both exact perplexities, epochs, minutes in fit and the speed-up."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = ["+experiment=mlp9", f"data.path={brown_path}", *SLICE_5K, "trainer.max_epochs=1", "optim.samples=100"]
+    overrides = ["experiment=mlp9", f"data.path={brown_path}", *SLICE_5K, "trainer.max_epochs=1", "optim.samples=100"]
     nplm_sweep(tmp_path, "brown_sampled", *overrides, f"tracking.uri={uri}")
     _, jobs = split(runs_of(uri))
     assert sorted(jobs["params.optim.output"].fillna("exact")) == ["exact", "sampled"]

@@ -227,7 +227,7 @@ def test_ap_config_is_the_papers_setting() -> None:
         True,
     )
     assert data.split.train is None and data.vocab_from == "train"
-    check_config(composed("data=ap", "data.path=x", "+experiment=ap_mlp10"))
+    check_config(composed("data=ap", "data.path=x", "experiment=ap_mlp10"))
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +299,7 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
     uri, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "out"
     command = ["-cd", str(SWEEPS), "-cn", "ap_table2"]
     command += [f"data.path={treebank}", "data.members=treebank/raw/wsj_", "data.encoding=latin-1"]
-    command += ["+experiment=ap_mlp10,kn3", "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
+    command += ["experiment=ap_mlp10,kn3", "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
     command += [f"tracking.uri={uri}", f"report={out}"]
     result = run_script("nplm-train", *command, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -23,7 +23,7 @@ def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
     workdir = tmp_path_factory.mktemp("train")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    args = [f"data.path={brown_path}", *SMALL, "+experiment=mlp3", f"tracking.uri={uri}", "note=a slice"]
+    args = [f"data.path={brown_path}", *SMALL, "experiment=mlp3", f"tracking.uri={uri}", "note=a slice"]
     result = run_script("nplm-train", *args, cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, uri
@@ -101,7 +101,7 @@ def test_ngram_rows_run_through_the_same_entry_point(
     experiment: str, row: str, n: str, brown_path: Path, tmp_path: Path
 ) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    args = [f"data.path={brown_path}", *SLICE, f"+experiment={experiment}", f"tracking.uri={uri}"]
+    args = [f"data.path={brown_path}", *SLICE, f"experiment={experiment}", f"tracking.uri={uri}"]
     result = run_script("nplm-train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
@@ -120,7 +120,7 @@ def test_mixed_rows_reuse_the_trained_mlp(trained: tuple[Path, str], brown_path:
     """MLP4 = MLP3's model mixed with the trigram: no retraining; fixed 0.5, and EM-learned weights do no worse."""
     workdir, uri = trained
     for mix in ("fixed", "learned", "context"):
-        args = [f"data.path={brown_path}", *SMALL, "+experiment=mlp4", f"model.mix={mix}", f"tracking.uri={uri}"]
+        args = [f"data.path={brown_path}", *SMALL, "experiment=mlp4", f"model.mix={mix}", f"tracking.uri={uri}"]
         result = run_script("nplm-train", *args, cwd=workdir)
         assert result.returncode == 0, result.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
