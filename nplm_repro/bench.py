@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -315,7 +314,7 @@ def bench(cfg: DictConfig) -> None:
         bench_ngrams(cfg, corpus)
 
 
-@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="bench", version_base="1.3")
+@hydra.main(config_path="pkg://nplm_repro.conf", config_name="bench", version_base="1.3")
 def _main(cfg: DictConfig) -> None:
     with errors_exit():
         bench(cfg)

@@ -123,6 +123,13 @@ RECIPES: dict[str, dict[str, Rule]] = {
     "fast": {"optim.plateau_factor": _number(0, 1, low_open=True)},
 }
 
+# Lightning's fast_dev_run turns off the run's logger and checkpoints: its run would sit among the study's with
+# no perplexities (the report lists it as failed). debug=default is the quick check that is recorded apart.
+FAST_DEV_RUN = (
+    "trainer.fast_dev_run is refused: its run would join the study's runs with no perplexities; "
+    "debug=default runs a few steps into experiment debug_<corpus> instead"
+)
+
 
 def check_config(cfg: DictConfig) -> None:
     """Raise NplmError naming the first key whose value is out of range."""
@@ -135,5 +142,7 @@ def check_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not ok(value):
             raise NplmError(f"{key}={value!r} is invalid: expected {expected}")
+    if OmegaConf.select(cfg, "trainer.fast_dev_run"):
+        raise NplmError(FAST_DEV_RUN)
     if is_neural(cfg) and cfg.model.h == 0 and not cfg.model.direct:
         raise NplmError("model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)")

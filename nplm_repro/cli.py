@@ -8,6 +8,8 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
+from importlib import resources
+from pathlib import Path
 from typing import Any, NoReturn
 
 from hydra.errors import HydraException
@@ -20,9 +22,14 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # as a shell reports a job stopped by Ctrl-C
 
 
-# Hydra's word for `+experiment=mlp5` since conf/config.yaml lists the group (`experiment: null`), and the fix
-OLD_EXPERIMENT = "Multiple values for experiment."
-NEW_EXPERIMENT = " (the group is in the defaults now: write experiment=<row>, without the +)"
+# Hydra's words that need our fix beside them: `+experiment=mlp5` since conf/config.yaml lists the group
+# (`experiment: null`), hparams_search=... without the optional Optuna sweeper, and an editable install made
+# before conf/ was installed as the package nplm_repro.conf (pyproject.toml's package-dir)
+HINTS = {
+    "Primary config module 'nplm_repro.conf' not found": " (an install from before conf/ was packaged: pip install -e .)",
+    "Multiple values for experiment.": " (the group is in the defaults now: write experiment=<row>, without the +)",
+    "Could not find 'hydra/sweeper/optuna'": " (Hydra's Optuna sweeper is an extra: .venv/bin/pip install -e '.[optuna]')",
+}
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -54,13 +61,42 @@ def errors_exit() -> Iterator[None]:
         _fail(_unexpected(error), EXIT_FAILED)
 
 
+# How a study ran before the studies became the config group `study`: sweeps/ as Hydra's config directory
+OLD_STUDY_OPTIONS = {"-cd": "dir", "--config-dir": "dir", "-cn": "name", "--config-name": "name"}
+
+
+def study_form(argv: list[str]) -> list[str]:
+    """`argv` with `-cd DIR -cn NAME` as `study=NAME` when DIR/NAME.yaml is the installed study NAME, which
+    composes the same jobs; a study file of another version is an error (Hydra cannot run a group's file alone).
+    Any other command line, such as `-cd` naming a config of one's own, is returned as it is."""
+    given: dict[str, tuple[str, list[int]]] = {}
+    for i, arg in enumerate(argv):
+        option, equals, value = arg.partition("=")
+        if option in OLD_STUDY_OPTIONS and (equals or i + 1 < len(argv)):
+            given[OLD_STUDY_OPTIONS[option]] = (value, [i]) if equals else (argv[i + 1], [i, i + 1])
+    if given.keys() != {"dir", "name"}:
+        return argv
+    (folder, dir_at), (name, name_at) = given["dir"], given["name"]
+    path = Path(folder) / f"{name}.yaml"
+    if not path.is_file() or not path.read_text().startswith("# @package _global_"):
+        return argv
+    installed = resources.files("nplm_repro.conf") / "study" / path.name
+    if not installed.is_file() or installed.read_text() != path.read_text():
+        raise NplmError(
+            f"{path} is not the study {name} installed with nplm_repro: a study is the config group `study` "
+            f"(nplm-train -m study=<name>), so reinstall the package (pip install .) to run this file"
+        )
+    return [f"study={name}" if i == name_at[0] else arg for i, arg in enumerate(argv) if i not in dir_at + name_at[1:]]
+
+
 def cli(main: Callable[[], Any]) -> Callable[[], None]:
     """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and
     exits 2; any other exception prints `prog: error: <type>: ...` and exits 1 (a run keeps its traceback in
     error.txt).
 
     Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
-    us, and keep the full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130.
+    us, and keep the full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130. A study's
+    command of before, `-cd sweeps -cn <study>`, runs as `study=<study>` (`study_form`).
     """
 
     @functools.wraps(main)
@@ -69,12 +105,13 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
         _user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
         os.environ["HYDRA_FULL_ERROR"] = "1"
         try:
+            sys.argv[1:] = study_form(sys.argv[1:])
             main()
         except (HydraException, OmegaConfBaseException, NplmError) as error:
             if _user_wants_traceback:
                 raise
             message = one_line(error)
-            _fail(message + NEW_EXPERIMENT if message.startswith(OLD_EXPERIMENT) else message)
+            _fail(message + "".join(hint for words, hint in HINTS.items() if words in message))
         except (KeyboardInterrupt, SystemExit) as error:
             if not interrupted(error) or _user_wants_traceback:
                 raise

@@ -3,6 +3,7 @@
 nplm-report                                    # Table 1 (Brown) from ./mlflow.db into reports/
 nplm-report --study grid --fingerprint b45c28977b58c44b
 nplm-report --tracking-uri http://127.0.0.1:5000 --out /tmp/reports
+nplm-report --require-clean                    # only runs made from committed code (no git commit +dirty)
 
 Which runs make the table: nplm_repro/reporting/runs.py.
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from pathlib import Path
 
 from nplm_repro.cli import cli
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import PAPER_TABLES
+from nplm_repro.reporting.claims import headline
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
 
@@ -36,23 +39,36 @@ def _main() -> None:
     )
     parser.add_argument("--fingerprint", help="data fingerprint to report (default: that of the newest run)")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="directory of the report (default: reports)")
+    parser.add_argument(
+        "--require-clean",
+        action="store_true",
+        help="leave out runs made from a work tree with uncommitted changes (git commit +dirty)",
+    )
     args = parser.parse_args()
     experiment = args.experiment or PAPER_TABLES.get(args.study, "brown")
-    for path in write(build(args.tracking_uri, experiment, args.study, args.fingerprint), args.out):
+    report = build(args.tracking_uri, experiment, args.study, args.fingerprint, args.require_clean)
+    if args.require_clean:
+        print(f"nplm-report: left out {report.left_out} runs from dirty work trees (--require-clean)", file=sys.stderr)
+    for path in write(report, args.out):
         print(path)
 
 
 main = cli(_main)
 
 
-def write_study(uri: str, experiment: str, study: str, out: Path) -> None:
+def write_study(uri: str, experiment: str, study: str, out: Path) -> tuple[list[Path], dict[str, float]]:
     """The study's report, as `nplm-report --study` writes it, when a sweep ends (conf/config.yaml names this);
-    a report that cannot be built is only a warning."""
+    returns its files and headline numbers, which the sweep keeps on its parent run. A report that cannot be
+    built is only a warning (no files, no numbers)."""
     try:
-        for path in write(build(uri, experiment, study), out):
-            log.info("report: %s", path)
+        report = build(uri, experiment, study)
+        written = write(report, out)
     except NplmError as error:
         log.warning("no report of study %s: %s", study, error)
+        return [], {}
+    for path in written:
+        log.info("report: %s", path)
+    return written, headline(report.table)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,14 @@
 nplm-train experiment=mlp5                # a Table 1 MLP row (eq. 1, trained by Lightning)
 nplm-train experiment=kn4                 # a Table 1 n-gram row (counted, no training loop)
 nplm-train model.h=100 trainer.max_epochs=3
-nplm-train -cd sweeps -cn brown_table1     # a study: every row, in parallel, under one MLflow parent run
+nplm-train -m study=brown_table1           # a study (sweeps/): every row, in parallel, under one MLflow parent run
+nplm-train -m experiment=kn3,del_int       # any -m: one MLflow parent run, the jobs nested under it
+nplm-train experiment=mlp5 hparams_search=paper_lr   # Optuna searches optim=paper's lr and decay (extra `optuna`)
 """
 
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -24,13 +25,15 @@ from nplm_repro.tracking.ledger import run
 from nplm_repro.tracking.sweep import ends_sweeps
 
 
-@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config", version_base="1.3")
-def _main(cfg: DictConfig) -> None:
+@hydra.main(config_path="pkg://nplm_repro.conf", config_name="config", version_base="1.3")
+def _main(cfg: DictConfig) -> float:
+    """One job; its validation perplexity is what a search (hparams_search=..., Optuna's sweeper) minimises."""
     keep_freed_memory()
     sigterm_interrupts()  # in joblib's and submitit's workers too, which run only this function
     with contextlib.nullcontext() if HydraConfig.get().mode == RunMode.MULTIRUN else errors_exit():
         check_config(cfg)
-        run(cfg)
+        _, metrics = run(cfg)
+    return metrics["valid_ppl"]
 
 
 main = cli(ends_sweeps(_main))

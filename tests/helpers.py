@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,18 +38,16 @@ SLICE = data_slice(20_000, 4_000, 4_000)  # the usual slice of Brown: 28k tokens
 SLICE_5K = data_slice(20_000, 5_000, 5_000)  # the sweeps' slice
 
 
-def composed(*overrides: str) -> DictConfig:
-    """conf/config.yaml composed by Hydra with these overrides, as nplm-train composes it."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+def composed(*overrides: str, hydra_config: bool = False) -> DictConfig:
+    """conf/config.yaml composed by Hydra with these overrides, as nplm-train composes it: from the installed package
+    nplm_repro.conf (conf/ itself in an editable install). With `hydra_config`, Hydra's own config too (`hydra`)."""
+    with initialize_config_module(config_module="nplm_repro.conf", version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 def composed_study(study: str, *overrides: str) -> DictConfig:
-    """A sweep file sweeps/<study>.yaml composed with conf/ on its search path, Hydra's own config included (as
-    `nplm-train -cd sweeps -cn <study>` composes it)."""
-    with initialize_config_dir(config_dir=str(SWEEPS), version_base="1.3"):
-        search = f"hydra.searchpath=[file://{CONF}]"
-        return compose(study, overrides=[search, *overrides], return_hydra_config=True)
+    """A study, sweeps/<study>.yaml, composed as `nplm-train -m study=<study>` composes it, Hydra's config included."""
+    return composed(f"study={study}", *overrides, hydra_config=True)
 
 
 def console_script(name: str) -> str:

@@ -126,7 +126,9 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     mlp5 = ours["MLP5 n=5"]
     cells = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| MLP5 ")).split("|")]
     valid = f"{mlp5['valid_ppl']:.1f}", "296", f"{mlp5['valid_ppl'] / 296 - 1:+.1%}"
-    assert cells[1:8] == ["MLP5", "5", "", "50", "30", "yes", "no"] and tuple(cells[11:14]) == valid
+    (mlp5_run,) = MlflowClient(uri).search_runs(["1"], "tags.row = 'MLP5'")
+    mark = " (+dirty)" if mlp5_run.data.tags["git_commit"].endswith("+dirty") else ""  # as this work tree is
+    assert cells[1:8] == [f"MLP5{mark}", "5", "", "50", "30", "yes", "no"] and tuple(cells[11:14]) == valid
     assert f"MLP5 -> MLP6: test {mlp5['test_ppl']:.1f} -> {ours['MLP6 n=5']['test_ppl']:.1f}" in md
     assert "## Missing (no run)\n\n- MLP1\n" in md
     kn3, kn3_v4 = ours["Kneser-Ney back-off n=3"], ours["Kneser-Ney back-off n=3 brown_vocab"]
@@ -136,7 +138,6 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     assert f"test {offset[1].min():+.1%} to {offset[1].max():+.1%} (mean {offset[1].mean():+.1%}), over 3 rows" in md
     assert f"(data.max_unk_freq=4; fingerprint `{kn3_v4_fingerprint(uri)}`)" in md
     assert f"Kneser-Ney back-off n=3: valid {kn3['valid_ppl']:.1f} -> {kn3_v4['valid_ppl']:.1f}" in md
-    (mlp5_run,) = MlflowClient(uri).search_runs(["1"], "tags.row = 'MLP5'")
     (learned,) = MlflowClient(uri).search_runs(["1"], "tags.study = 'brown_mixtures'")
     assert learned.data.tags["base_run_id"] == mlp5_run.info.run_id  # mixes MLP5's run, never retrains
     mixtures = f"- MLP6 (MLP5 and the trigram): 0.5 each, test {ours['MLP6 n=5']['test_ppl']:.1f} (MLP5 alone "
@@ -313,6 +314,56 @@ def test_a_study_without_runs_is_refused(states: dict[str, str]) -> None:
         NplmError, match="no runs of study 'ap_table2' in experiment 'brown' .*adhoc, brown_table1, grid"
     ):
         build(states["uri"], "brown", "ap_table2")
+
+
+def test_a_report_without_dirty_runs_is_as_before_them(table1: Report) -> None:
+    """The dirty-tree mark, its note and its CSV column appear only when a row has such runs."""
+    csv = render.csv_table(table1).to_csv(index=False)
+    texts = [render.markdown(table1, []), render.latex(table1), render.html_page(table1, []), csv]
+    assert not any("dirty" in text for text in texts)
+
+
+@pytest.fixture(scope="module")
+def dirty_store(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """MLP1 with seed 2 run from a work tree with uncommitted changes (commit +dirty), Del. Int. from a clean one."""
+    workdir = tmp_path_factory.mktemp("dirty")
+    uri = store_in(workdir, empty_store)
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(workdir / "mlruns"))
+    log_run(client, brown, ("experiment=mlp1", "seed=1"), 0, ppl=(180, 280, 266))
+    log_run(client, brown, ("experiment=mlp1", "seed=2"), 1, ppl=(182, 284, 268), git_commit="abc1234+dirty")
+    log_run(client, brown, ("experiment=del_int",), 2, ppl=(32, 350, 330))
+    return uri
+
+
+def test_rows_with_runs_from_a_dirty_tree_are_marked_in_every_format(dirty_store: str, tmp_path: Path) -> None:
+    report_ = build(dirty_store, "brown", "brown_table1")
+    write(report_, tmp_path)
+    md, tex, html, csv = ((tmp_path / f"brown_table1.{ext}").read_text() for ext in ("md", "tex", "html", "csv"))
+    assert "| MLP1 (+dirty) " in md and "| Del. Int. " in md and md.count("(+dirty)") == 2  # the row, the note
+    assert f"\n\n{render.DIRTY_NOTE}\n\n" in md and render.DIRTY_NOTE in html and "<td>MLP1 (+dirty)</td>" in html
+    assert "MLP1 (+dirty) &" in tex and "Del. Int. &" in tex and "Rows marked (+dirty) average runs" in tex
+    table = pd.read_csv(tmp_path / "brown_table1.csv").set_index("row")
+    assert list(table.columns)[-1] == "dirty_runs" and "MLP1 (+dirty)" not in csv  # the row keeps its name
+    assert (table.loc["MLP1", "dirty_runs"], table.loc["Del. Int.", "dirty_runs"]) == (1, 0)
+    assert table.loc["MLP1", "seeds"] == 2
+
+
+def test_require_clean_leaves_the_runs_of_dirty_trees_out_and_says_how_many(
+    dirty_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "reports"
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # restored after the test: the CLI wrapper sets it
+    argv = ["nplm-report", "--tracking-uri", dirty_store, "--out", str(out), "--require-clean"]
+    monkeypatch.setattr(sys, "argv", argv)
+    report.main()
+    assert capsys.readouterr().err == "nplm-report: left out 1 runs from dirty work trees (--require-clean)\n"
+    md = (out / "brown_table1.md").read_text()
+    assert "(+dirty)" not in md and "--require-clean left out 1 runs of this study made from dirty work trees." in md
+    assert "--fingerprint feedfacefeedface --require-clean\n" in md  # regenerates the same report
+    table = pd.read_csv(out / "brown_table1.csv").set_index("row")
+    assert "dirty_runs" not in table.columns
+    assert (table.loc["MLP1", "seeds"], table.loc["MLP1", "valid_ppl"]) == (1, 280)  # seed 1 alone
 
 
 def test_nothing_is_written_unless_every_file_is(

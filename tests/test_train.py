@@ -1,12 +1,13 @@
 """`nplm-train` end to end on a small real slice of Brown, into a real MLflow store; exact perplexity."""
 
 import math
+import os
 from pathlib import Path
 
 import mlflow
 import pytest
 import torch
-from helpers import SLICE, run_script
+from helpers import SLICE, composed, run_script
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.data.brown import prepare_brown
@@ -14,17 +15,41 @@ from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
 from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.tracking.records import flat_params
+from nplm_repro.tracking.store import EXPERIMENT_KIND
 
 SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]
+DIRPATH = "callbacks.model_checkpoint.dirpath=checkpoints"  # outside a Hydra job, which would set it
+
+
+def mlp3_args(brown_path: Path, uri: str) -> list[str]:
+    common = [f"tracking.uri={uri}", "tracking.system_metrics=true", "note=a slice"]
+    return [f"data.path={brown_path}", *SMALL, "experiment=mlp3", *common]
+
+
+def assert_recorded_as_mlflow_users_expect(run: mlflow.entities.Run, uri: str, data: Path, fingerprint: str) -> None:
+    """The corpus as the run's dataset, MLflow's own commit tag, the experiment's kind, the diff of a dirty tree."""
+    (dataset,) = run.inputs.dataset_inputs
+    assert (dataset.dataset.name, dataset.dataset.digest) == ("brown", fingerprint)
+    assert dataset.dataset.source == f'{{"uri": "{data.resolve()}"}}' and dataset.dataset.source_type == "local"
+    assert [(t.key, t.value) for t in dataset.tags] == [("mlflow.data.context", "training")]
+    commit = run.data.tags["git_commit"]
+    assert run.data.tags["mlflow.source.git.commit"] == commit.removesuffix("+dirty") and len(commit) >= 40
+    client = MlflowClient(uri)
+    assert EXPERIMENT_KIND.items() <= client.get_experiment(run.info.experiment_id).tags.items()
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert ("git_diff.patch" in artifacts) == commit.endswith("+dirty")  # this tree's state; test_records dirties one
 
 
 @pytest.fixture(scope="module")
 def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown."""
+    """One real run: 2 epochs of a small MLP3-like model on 20k tokens of Brown, with MLflow's system metrics
+    (sampled every 0.5 s: MLflow's default, 10 s, would outlast the run)."""
     workdir = tmp_path_factory.mktemp("train")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    args = [f"data.path={brown_path}", *SMALL, "experiment=mlp3", f"tracking.uri={uri}", "note=a slice"]
-    result = run_script("nplm-train", *args, cwd=workdir)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"] = "0.5"
+    result = run_script("nplm-train", *mlp3_args(brown_path, uri), cwd=workdir, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, uri
 
@@ -48,6 +73,8 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     for split in SPLITS:
         assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
     assert run["metrics.train_tokens_per_s"] > 0
+    assert 0 <= run["metrics.system/cpu_utilization_percentage"] <= 100  # tracking.system_metrics=true
+    assert run["metrics.system/system_memory_usage_megabytes"] > 0
     # the report's costs: 2 epochs, and the seconds in fit, within the run's own span
     assert run["metrics.epochs"] == 2
     assert 0 < run["metrics.fit_seconds"] < (run["end_time"] - run["start_time"]).total_seconds()
@@ -67,6 +94,10 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     artifacts = {a.path for a in client.list_artifacts(run["run_id"])}
     assert {"config.yaml", "data.txt", "checkpoints"} <= artifacts
     assert [a.path for a in client.list_artifacts(run["run_id"], "checkpoints")] == ["checkpoints/best.ckpt"]
+    # each key of the config once, by our name: none of Lightning's own copies (n, m, optim/lr) beside them
+    logged = client.get_run(run["run_id"])
+    assert set(logged.data.params) == set(flat_params(composed(*mlp3_args(brown_path, uri), DIRPATH)))
+    assert_recorded_as_mlflow_users_expect(logged, uri, brown_path, corpus.fingerprint)
 
 
 def test_reported_perplexity_equals_brute_force(trained: tuple[Path, str], brown_path: Path) -> None:
@@ -113,6 +144,14 @@ def test_ngram_rows_run_through_the_same_entry_point(
         assert 1 < run[f"metrics.{split}_ppl"] < corpus.vocab_size
         assert run[f"metrics.{split}_tokens"] == corpus.size(split)
     assert run["params.fit.train_tokens"] == "20000"
+    # what a count depends on, once each: no optimiser, trainer or callbacks, which it never reads
+    logged = MlflowClient(uri).get_run(run["run_id"])
+    ours = {k for k in logged.data.params if not k.startswith("fit.")}
+    assert ours == set(flat_params(composed(*args, DIRPATH))) and not any(
+        k.startswith(("optim", "trainer")) for k in ours
+    )
+    assert not any(k.startswith("precision.") for k in logged.data.tags)  # a count has no precision
+    assert_recorded_as_mlflow_users_expect(logged, uri, brown_path, corpus.fingerprint)
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ class NPLMModule(L.LightningModule):
 
     def __init__(self, vocab_size: int, n: int, m: int, h: int, direct: bool, optim: dict[str, Any]) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # kept for load_from_checkpoint; the run logs the config itself
         self.model = NPLM(vocab_size, n, m, h, direct)
         self.optim = dict(optim)
         self.proposal: Proposal | None = None  # sampled training's, built from the training windows

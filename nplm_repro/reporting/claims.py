@@ -101,6 +101,25 @@ def _margin(numbers: Numbers, text: str, baselines: list[str], at_least: float =
     return Claim(text, _verdict([None if ours is None else ours >= at_least], complete=not missing), tuple(lines))
 
 
+def headline(table: pd.DataFrame) -> dict[str, float]:
+    """A study's numbers at a glance (a sweep's parent run keeps them as metrics): the test perplexity of the best
+    MLP and of the best n-gram, each chosen on validation as `_margin` chooses them, and the margins it checks,
+    the baseline's test perplexity over the MLP's less 1 (0.24: the n-gram 24% higher); only those measured."""
+    numbers = Numbers(table)
+
+    def best_test(family: Callable[[str], bool]) -> float | None:
+        label = _best_on_valid(numbers.ours, [label for label, f in numbers.family.items() if family(f)])
+        return None if label is None else float(numbers.ours[label][1])
+
+    mlp, ngram = best_test(lambda f: f == "mlp"), best_test(lambda f: f != "mlp")
+    del_int = best_test(lambda f: f == "deleted_interpolation")
+    found = {"best_mlp_test_ppl": mlp, "best_ngram_test_ppl": ngram}
+    if mlp is not None:
+        found["mlp_margin_over_best_ngram"] = None if ngram is None else ngram / mlp - 1
+        found["mlp_margin_over_del_int"] = None if del_int is None else del_int / mlp - 1
+    return {name: value for name, value in found.items() if value is not None}
+
+
 def brown_claims(numbers: Numbers) -> list[Claim]:
     """Table 1's claims (p.1148-1149)."""
     ngrams = [label for label, family in numbers.family.items() if family != "mlp"]

@@ -71,7 +71,7 @@ def data_effect(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerp
     if not slopes and study == "brown_table1":
         hint = (
             "How |V| alone moves them is not measured in this store: run "
-            "`nplm-train -cd sweeps -cn brown_vocab data.path=...` (the n-gram rows with words seen <= 4 times "
+            "`nplm-train -m study=brown_vocab data.path=...` (the n-gram rows with words seen <= 4 times "
             "merged, |V| just below the paper's) and rebuild this report."
         )
         slopes = [hint]

@@ -15,7 +15,13 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.paper import COLUMNS, PAPER_CORPORA, PAPER_DATA, PAPER_TABLES, PAPER_TITLES
 from nplm_repro.reporting.figures import draw
 from nplm_repro.reporting.runs import run_text
-from nplm_repro.reporting.tables import Report, attempts_table, display
+from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, display
+
+DIRTY_NOTE = (
+    f"Rows marked{DIRTY_MARK} average runs made from a work tree with uncommitted changes (git commit +dirty): "
+    "the commit alone does not give their code; runs that recorded the changes keep them as the artifact "
+    "git_diff.patch. nplm-report --require-clean leaves such runs out."
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,10 @@ def _intro(report: Report) -> tuple[str, ...]:
         "Perplexities of every token of each split: ours (mean ± std over seeds when there are several; `seeds` "
         "counts them), the paper's, and the relative difference (ours - paper) / paper."
     )
-    return (_data_line(report), f"Code (git commits of the runs shown): {', '.join(commits) or '?'}.", explain)
+    code = f"Code (git commits of the runs shown): {', '.join(commits) or '?'}."
+    if report.require_clean:
+        code += f" --require-clean left out {report.left_out} runs of this study made from dirty work trees."
+    return (_data_line(report), code, *([DIRTY_NOTE] if report.marked.any() else []), explain)
 
 
 def _runs_list(runs: pd.DataFrame) -> list[str]:
@@ -178,7 +187,8 @@ def _latex_escape(text: str) -> str:
 def latex(report: Report) -> str:
     """The table alone, booktabs rules, for a paper."""
     frame = display(report)
-    caption = _latex_escape(f"{_title(report)}. Data fingerprint {report.fingerprint}.")
+    dirty = f" {DIRTY_NOTE}" if report.marked.any() else ""
+    caption = _latex_escape(f"{_title(report)}. Data fingerprint {report.fingerprint}.{dirty}")
     styled = frame.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
     column_format = "".join("l" if sub == "row" else "r" for _, sub in frame.columns)
     text = styled.to_latex(hrules=True, multicol_align="c", caption=caption, column_format=column_format)
@@ -202,6 +212,7 @@ def csv_table(report: Report) -> pd.DataFrame:
         "family",
         "config_id",
         "run_ids",
+        *(["dirty_runs"] if report.marked.any() else []),  # how many of run_ids came from a dirty work tree
     ]
     return report.table.reindex(columns=columns)
 

@@ -26,7 +26,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS
 from nplm_repro.tracking.locks import sqlite_file
-from nplm_repro.tracking.store import check_store
+from nplm_repro.tracking.store import check_store, redact
 
 # Runs from before the tag `family`: their class's name, wherever it lived then.
 FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
@@ -35,6 +35,12 @@ FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items
 CONFIG_GROUPS = {"mlp": ("data.", "model.", "optim.", "trainer.", "callbacks.")}
 NGRAM_GROUPS = ("data.", "model.")
 MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
+
+
+def dirty(runs: pd.DataFrame) -> pd.Series:
+    """Which runs ran from a work tree with uncommitted changes (git commit `+dirty`): that commit alone is not their
+    code (newer runs keep the rest as their artifact git_diff.patch)."""
+    return runs["git_commit"].str.endswith("+dirty")
 
 
 def present(value: object) -> bool:
@@ -69,7 +75,7 @@ def read_runs(uri: str, experiment: str) -> pd.DataFrame:
             names = sorted(e.name for e in mlflow.search_experiments()) if found is None else []
             runs = mlflow.search_runs([found.experiment_id]) if found is not None else pd.DataFrame()
     except Exception as error:  # MLflow raises many types for a bad store; all mean the same to the user
-        raise NplmError(f"tracking store {uri!r} is unusable") from error
+        raise NplmError(f"tracking store {redact(uri)!r} is unusable") from error
     if found is None:
         has = f"it has only {', '.join(names)}" if names else "it has none"
         raise NplmError(f"no runs to report: the store has no experiment {experiment!r} ({has})")
@@ -199,6 +205,7 @@ def summarise(runs: pd.DataFrame) -> dict[str, object]:
         "failed": int((runs["state"] == "failed").sum()),
         "status": "finished" if len(finished) else "running" if running_seeds else "failed",
         "run_ids": " ".join(finished["run_id"]),
+        "dirty_runs": int(dirty(finished).sum()) if len(finished) else 0,  # of the runs averaged
         "config_id": hashlib.sha256(runs["config"].iloc[0].encode()).hexdigest()[:8],
         "notes": "; ".join(sorted(set(runs["note"]) - {""})),
     }

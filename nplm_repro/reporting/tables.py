@@ -19,6 +19,7 @@ from nplm_repro.reporting.runs import (
     best,
     choose_fingerprint,
     configurations,
+    dirty,
     history,
     present,
     read_runs,
@@ -100,18 +101,31 @@ class Report:
     other_mixtures: list[str]
     sampled: list[str]
     history: dict[str, list[tuple[str, list[float]]]]
+    require_clean: bool = False
+    left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
 
     @property
     def command(self) -> str:
-        return f"nplm-report --study {self.study} --experiment {self.experiment} --fingerprint {self.fingerprint}"
+        clean = " --require-clean" if self.require_clean else ""
+        return (
+            f"nplm-report --study {self.study} --experiment {self.experiment} --fingerprint {self.fingerprint}{clean}"
+        )
+
+    @property
+    def marked(self) -> pd.Series:
+        """The rows that average runs from a work tree with uncommitted changes."""
+        return self.table.get("dirty_runs", pd.Series(0, index=self.table.index)).fillna(0) > 0
 
     @property
     def missing(self) -> list[str]:
         return list(self.table.loc[self.table["status"] == "missing", "label"])
 
 
-def build(uri: str, experiment: str, study: str, fingerprint: str | None = None) -> Report:
-    """Read the experiment's runs and assemble the report of `study`; NplmError when there is nothing honest to say."""
+def build(uri: str, experiment: str, study: str, fingerprint: str | None = None, require_clean: bool = False) -> Report:
+    """Read the experiment's runs and assemble the report of `study`; NplmError when there is nothing honest to say.
+
+    `require_clean` leaves out the runs made from a work tree with uncommitted changes (their code is unknown or
+    only in their git_diff.patch), before anything is chosen or averaged."""
     raw = read_runs(uri, experiment)
     all_runs = tidy(raw)
     if all_runs.empty:
@@ -119,16 +133,22 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
             f"experiment {experiment!r} holds no nplm-repro runs (none of its {len(raw)} runs has a data_fingerprint tag)"
         )
     all_runs = assign_studies(all_runs)
+    left_out = 0
+    if require_clean:
+        unclean = dirty(all_runs)
+        left_out = int((unclean & (all_runs["study"] == study)).sum())
+        all_runs = all_runs[~unclean]
+    clean = f"; --require-clean left out {left_out} runs from dirty work trees" if left_out else ""
     runs = all_runs[all_runs["study"] == study]
     if runs.empty:
         studies = ", ".join(sorted(all_runs["study"].unique()))
-        raise NplmError(f"no runs of study {study!r} in experiment {experiment!r} (its studies: {studies})")
+        raise NplmError(f"no runs of study {study!r} in experiment {experiment!r} (its studies: {studies}{clean})")
     fingerprint = choose_fingerprint(study, runs, fingerprint)
     other = runs[runs["fingerprint"] != fingerprint]
     runs = runs[runs["fingerprint"] == fingerprint]
     if not (runs["state"] == "finished").any():
         states = ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().sort_index().items())
-        raise NplmError(f"no finished runs of study {study!r} in experiment {experiment!r} ({states})")
+        raise NplmError(f"no finished runs of study {study!r} in experiment {experiment!r} ({states}{clean})")
     configs = configurations(runs)
     if study in PAPER_TABLES and not ((configs["paper_row"] >= 0) & (configs["status"] == "finished")).any():
         raise NplmError(
@@ -170,7 +190,12 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None)
         other_mixtures=notes.other_mixtures(study, table, all_runs, fingerprint),
         sampled=notes.sampled_vs_exact(table),
         history=history(uri, table),
+        require_clean=require_clean,
+        left_out=left_out,
     )
+
+
+DIRTY_MARK = " (+dirty)"
 
 
 def _ours(row: pd.Series, split: str) -> str:
@@ -190,6 +215,7 @@ def display(report: Report) -> pd.DataFrame:
     """The table as text: ours (mean ± std over seeds), the paper's and the relative difference per split."""
     keys = ["row", *COLUMNS, *report.extra]
     frame = {("", k): report.table[k] for k in keys}
+    frame[("", "row")] = report.table["row"].where(~report.marked, report.table["row"] + DIRTY_MARK)
     for split in SPLITS:
         paper, diff = report.table[f"paper_{split}_ppl"], report.table[f"{split}_rel_diff"]
         frame[(split, "ours")] = report.table.apply(_ours, axis=1, split=split)

@@ -29,8 +29,8 @@ from nplm_repro.models.precision import resolve
 from nplm_repro.models.training import train_neural
 from nplm_repro.tracking.keys import config_key, is_neural, model_key
 from nplm_repro.tracking.locks import config_lock, mlp_lock
-from nplm_repro.tracking.records import open_run
-from nplm_repro.tracking.store import check_store
+from nplm_repro.tracking.records import check_system_metrics, open_run
+from nplm_repro.tracking.store import check_store, redact
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     `rerun=true`. The config's lock is held from the search to the end of the run (see `record`).
     """
     check_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)
+    check_system_metrics(cfg)
     threads = cfg.threads or launcher_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -126,6 +127,8 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
         cfg.trainer.precision = "32-true"  # what sampled training computes in (check_config allows only auto)
     else:
         cfg.trainer.precision, precision_tags = resolve(cfg.trainer.precision, cfg.trainer.accelerator)
+    if not is_neural(cfg):
+        precision_tags = {}  # resolved all the same: the key has always held it; a count has no precision
     key = config_key(cfg, corpus.fingerprint)
     trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
     with mlp_lock(model_key(cfg, corpus.fingerprint)) if trains_mlp else contextlib.nullcontext(), config_lock(key):
@@ -183,13 +186,13 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
         metrics = fit(cfg, corpus, logger)
-        logger.experiment.log_text(logger.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        logger.experiment.log_text(logger.run_id, redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
         logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
         logger.close()
     except BaseException as error:
         if not interrupted(error):
-            logger.experiment.set_tag(logger.run_id, "error", one_line(error))
-            logger.experiment.log_text(logger.run_id, traceback.format_exc(), "error.txt")
+            logger.experiment.set_tag(logger.run_id, "error", redact(one_line(error)))
+            logger.experiment.log_text(logger.run_id, redact(traceback.format_exc()), "error.txt")
         logger.finalize("failed")
         raise
     log.info("%s: %s", cfg.get("row") or "run", ", ".join(f"{k} {v:,.2f}" for k, v in sorted(metrics.items())))

@@ -1,48 +1,62 @@
-"""What each run records in MLflow: params, tags (data, code), its name, and the logger that keeps it open."""
+"""What each run records in MLflow: params (each key once), tags (data, code), the corpus as a dataset input, the
+diff of a dirty work tree, its name, optionally system metrics, and the logger that keeps it open."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import pandas as pd
 from lightning.pytorch.loggers import MLFlowLogger
+from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted
-from nplm_repro.tracking.keys import KEY_VERSION, family, without_unused
-from nplm_repro.tracking.store import store_error
+from nplm_repro.tracking.keys import KEY_VERSION, family, is_neural, without_unused
+from nplm_repro.tracking.store import redact, store_error
+
+if TYPE_CHECKING:
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
 log = logging.getLogger(__name__)
 
+CODE = Path(__file__).parent  # in the work tree (or the clone) whose code runs
+TRAINING_ONLY = ("optim", "trainer", "callbacks")  # config groups a counted n-gram never reads
+NEEDS_PSUTIL = "tracking.system_metrics=true needs psutil: .venv/bin/pip install -e '.[system-metrics]'"
+
 
 def flat_params(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config as flat dotted keys (model.n, optim.lr, ...), Hydra's own keys left out."""
+    """The resolved config as flat dotted keys (model.n, optim.lr, ...): Hydra's own keys left out, and an n-gram's
+    TRAINING_ONLY groups, which cannot change its numbers; credentials in URIs masked."""
     tree = without_unused(OmegaConf.to_container(cfg, resolve=True))
-    return {k: v for k, v in pd.json_normalize(tree, sep=".").iloc[0].items() if not k.startswith("hydra.")}
+    if not is_neural(cfg):
+        tree = {k: v for k, v in tree.items() if k not in TRAINING_ONLY}
+    flat = pd.json_normalize(tree, sep=".").iloc[0].items()
+    return {k: redact(v) if isinstance(v, str) else v for k, v in flat if not k.startswith("hydra.")}
 
 
-def git_commit() -> str:
-    """The commit of the code that ran (with '+dirty' if it had uncommitted changes), or 'unknown'."""
-    here = Path(__file__).parent
+def _git(*args: str) -> str:
+    command = ["git", *args]
+    return subprocess.run(command, cwd=CODE, capture_output=True, encoding="utf-8", errors="replace", check=True).stdout
+
+
+def git_state() -> tuple[str, str]:
+    """The commit of the code that runs, with '+dirty' if it has uncommitted changes ('unknown' outside git), and
+    those changes to tracked files as `git diff HEAD --binary` writes them: `git apply` puts them back on the commit."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        commit, diff = _git("rev-parse", "HEAD").strip(), _git("diff", "HEAD", "--binary")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        return "unknown", ""
+    return commit + ("+dirty" if diff else ""), diff
 
 
 def data_tags(corpus: Corpus) -> dict[str, str]:
@@ -52,21 +66,57 @@ def data_tags(corpus: Corpus) -> dict[str, str]:
     return tags | corpus.count_tags()
 
 
+def corpus_input(cfg: DictConfig, corpus: Corpus) -> DatasetInput:
+    """The corpus as MLflow's dataset of the run (the runs table's Dataset column; `dataset.digest = '...'` filters):
+    named after the corpus, its digest the data fingerprint, its source the file read, |V| and split sizes as profile.
+    One dataset, context `training`: the fingerprint covers the three splits together."""
+    path = cfg.data.get("path")
+    source = redact(str(Path(path).expanduser().resolve()) if path else corpus.source or corpus.name)
+    profile = {"vocab_size": corpus.vocab_size, **{f"{split}_tokens": corpus.size(split) for split in SPLITS}}
+    dataset = Dataset(
+        corpus.name, corpus.fingerprint, "local", json.dumps({"uri": source}), profile=json.dumps(profile)
+    )
+    return DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])
+
+
+def check_system_metrics(cfg: DictConfig) -> None:
+    """Before any work: MLflow's system metrics monitor (`tracking.system_metrics=true`) needs psutil."""
+    if cfg.tracking.get("system_metrics") and importlib.util.find_spec("psutil") is None:
+        raise NplmError(NEEDS_PSUTIL)
+
+
 class RunLogger(MLFlowLogger):
     """MLFlowLogger that keeps the run open after `fit`: the reported perplexities are computed after it.
 
     Lightning finalizes loggers with "success" at the end of every fit/test; the run is ended only by
-    `close()`. A failure still ends it at once: KILLED for Ctrl-C or SIGTERM (resumable), else FAILED.
+    `close()`. A failure still ends it at once: KILLED for Ctrl-C or SIGTERM (resumable), else FAILED. MLflow's
+    system metrics monitor, if watching, stops first, flushing what it sampled.
     """
+
+    monitor: SystemMetricsMonitor | None = None
+
+    def watch_system(self, resumed: bool) -> None:
+        """Log CPU, memory, disk and network (and GPU where its library is) as `system/*` metrics, every 10 s
+        (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL), with MLflow's own monitor; a resumed run continues its steps."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor  # imports psutil
+
+        self.monitor = SystemMetricsMonitor(self.run_id, resume_logging=resumed, tracking_uri=self._tracking_uri)
+        self.monitor.start()
+
+    def _end(self, status: str) -> None:
+        if self.monitor is not None:
+            self.monitor.finish()
+            self.monitor = None
+        super().finalize(status)
 
     def finalize(self, status: str = "success") -> None:
         if status == "failed" and interrupted(sys.exc_info()[1]):
             status = "KILLED"
         if status != "success":
-            super().finalize(status)
+            self._end(status)
 
     def close(self) -> None:
-        super().finalize("success")
+        self._end("success")
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -79,25 +129,41 @@ def run_name(cfg: DictConfig) -> str:
 
 
 def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra_tags: str) -> RunLogger:
-    """Create the MLflow run of this job, with its params and tags, or reopen run `resume` (status RUNNING again);
-    fails with one line if the store is unreachable."""
+    """Create the MLflow run of this job, with its params, tags and dataset (and the diff of a dirty work tree), or
+    reopen run `resume` (status RUNNING again); fails with one line if the store is unusable."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     if resume:
         mlflow.MlflowClient(uri).update_run(resume, status="RUNNING")
-        log.info("MLflow run %s resumed in experiment %r at %s", resume, experiment, uri)
-        return RunLogger(experiment_name=experiment, tracking_uri=uri, run_id=resume)
-    tags = {**data_tags(corpus), "git_commit": git_commit(), "corpus": corpus.name, **extra_tags}
+        log.info("MLflow run %s resumed in experiment %r at %s", resume, experiment, redact(uri))
+        logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_id=resume)
+    else:
+        logger = _new_run(cfg, corpus, extra_tags)
+    if cfg.tracking.get("system_metrics"):
+        logger.watch_system(resumed=bool(resume))
+    return logger
+
+
+def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> RunLogger:
+    uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
+    commit, diff = git_state()
+    tags = {**data_tags(corpus), "git_commit": commit, "corpus": corpus.name, **extra_tags}
+    if commit != "unknown":  # MLflow's own, the UI's Version column; what '+dirty' adds is git_diff.patch
+        tags[MLFLOW_GIT_COMMIT] = commit.removesuffix("+dirty")
     tags |= {"family": family(cfg), "key_version": KEY_VERSION}
     for key in ("row", "study", "note"):
         if cfg.get(key):
             tags[key] = str(cfg[key])
     if cfg.tracking.get("parent_run_id"):
         tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # the sweep's parent run (nplm_repro.tracking.sweep)
+    tags = {k: redact(v) for k, v in tags.items()}
     params, name = flat_params(cfg), cfg.tracking.run_name or run_name(cfg)  # a config error is not the store's
     try:
         logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_name=name, tags=tags)
         logger.log_hyperparams(params)
+        logger.experiment.log_inputs(logger.run_id, datasets=[corpus_input(cfg, corpus)])
+        if diff:
+            logger.experiment.log_text(logger.run_id, redact(diff), "git_diff.patch")
     except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
-        raise NplmError(f"tracking store {uri!r} is unusable: {store_error(error)}") from None
-    log.info("MLflow run %s in experiment %r at %s", logger.run_id, experiment, uri)
+        raise NplmError(f"tracking store {redact(uri)!r} is unusable: {redact(store_error(error))}") from None
+    log.info("MLflow run %s in experiment %r at %s", logger.run_id, experiment, redact(uri))
     return logger

@@ -1,4 +1,5 @@
-"""MLflow stores: which URI is a SQLite file, checking a store before any work, repairing an interrupted upgrade."""
+"""MLflow stores: which URI is a SQLite file, checking a store before any work, repairing an interrupted upgrade,
+experiments of the right kind, and URIs with their credentials masked wherever they are logged."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ from nplm_repro.errors import NplmError
 from nplm_repro.tracking.locks import sqlite_file, store_lock
 
 log = logging.getLogger(__name__)
+
+# MLflow 3's kind of an experiment, GenAI or model training (custom_model_development): ours train models
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# The userinfo of a URI (`postgresql://user:password@host`) and a password in its query: what `redact` masks
+USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
+QUERY_SECRET = re.compile(r"([?&](?:password|passwd|pwd|token|secret)=)[^&#\s]*", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of every URI in it masked (`postgresql://***@host/db`), for anything a run, a log
+    or an error message records: a store's URI may carry its database password."""
+    return QUERY_SECRET.sub(r"\1***", USERINFO.sub(r"\1***@", text))
 
 
 def repair_interrupted_upgrade(path: Path) -> None:
@@ -44,17 +57,20 @@ def repair_interrupted_upgrade(path: Path) -> None:
 
 
 def ensure_experiment(client: mlflow.MlflowClient, name: str) -> str:
-    """The id of experiment `name`, created if missing; another process creating it at the same moment is fine."""
+    """The id of experiment `name`, created if missing (another process creating it at the same moment is fine),
+    tagged as MLflow 3 tells a model-training experiment from a GenAI one (EXPERIMENT_KIND)."""
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name)
-    except mlflow.exceptions.MlflowException:
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
+    if found is None:
+        try:
+            return client.create_experiment(name, tags=EXPERIMENT_KIND)
+        except mlflow.exceptions.MlflowException:
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    for key, value in EXPERIMENT_KIND.items():
+        if key not in found.tags:  # one made before, or by another tool: a kind already chosen is kept
+            client.set_experiment_tag(found.experiment_id, key, value)
+    return found.experiment_id
 
 
 def store_error(error: Exception) -> str:
@@ -76,7 +92,9 @@ def check_store(uri: str, create: bool = True, experiment: str | None = None) ->
         try:
             requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
         except requests.RequestException as error:
-            raise NplmError(f"tracking store {uri!r} is unreachable: {type(error).__name__} on /health") from None
+            raise NplmError(
+                f"tracking store {redact(uri)!r} is unreachable: {type(error).__name__} on /health"
+            ) from None
     path = sqlite_file(uri)
     if create or path is not None:
         try:
@@ -90,4 +108,4 @@ def check_store(uri: str, create: bool = True, experiment: str | None = None) ->
         except NplmError:
             raise
         except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
-            raise NplmError(f"tracking store {uri!r} is unusable: {store_error(error)}") from None
+            raise NplmError(f"tracking store {redact(uri)!r} is unusable: {redact(store_error(error))}") from None

@@ -1,0 +1,137 @@
+"""What a run records beyond its numbers, as MLflow users expect it: no credentials, the experiment's kind, the code
+(MLflow's commit tag, the diff of a dirty work tree). Real stores, real runs.
+
+The params logged once, the dataset input, the commit tag of this tree and system metrics are checked on the runs
+of test_train.py; here git is pointed at a throwaway repository (GIT_DIR, GIT_WORK_TREE) to make a tree dirty.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+import mlflow
+import pytest
+from helpers import SLICE, run_script
+from mlflow.tracking import MlflowClient
+
+from nplm_repro.tracking.records import git_state
+from nplm_repro.tracking.store import EXPERIMENT_KIND, ensure_experiment, redact
+
+SECRET = "s3cret-Pa55"
+CHANGE = f"uri: postgresql+psycopg://nplm:{SECRET}@db-host/nplm\n"  # a credential in a change: masked in the patch
+
+
+@pytest.mark.parametrize(
+    "text,masked",
+    [
+        (f"postgresql+psycopg://nplm:{SECRET}@db-host:5432/nplm", "postgresql+psycopg://***@db-host:5432/nplm"),
+        (f"http://me:{SECRET}@tracking-host:5000", "http://***@tracking-host:5000"),
+        (f"https://{SECRET}@github.com/me/repo", "https://***@github.com/me/repo"),
+        (f"postgresql://nplm:{SECRET}@x@db-host/nplm", "postgresql://***@db-host/nplm"),  # an unescaped @ in it
+        (
+            f"postgresql://db-host/nplm?sslmode=require&password={SECRET}",
+            "postgresql://db-host/nplm?sslmode=require&password=***",
+        ),
+        (
+            f"-m tracking.uri=mysql://a:{SECRET}@h/db data.path=/home/me@work/brown.zip",
+            "-m tracking.uri=mysql://***@h/db data.path=/home/me@work/brown.zip",
+        ),
+        ("sqlite:////home/me@work/mlflow.db", "sqlite:////home/me@work/mlflow.db"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+    ],
+)
+def test_redact_masks_the_credentials_of_every_uri_and_nothing_else(text: str, masked: str) -> None:
+    assert redact(text) == masked
+
+
+def test_experiments_are_model_training_experiments_unless_a_kind_was_chosen(tmp_path: Path) -> None:
+    """MLflow 3's UI opens an experiment without a kind in its GenAI view; ours are made (or marked) model-training."""
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    older = client.create_experiment("older")  # as nplm-train made them before, or another tool
+    chat = client.create_experiment("chat", tags={"mlflow.experimentKind": "genai_development"})
+    created = ensure_experiment(client, "brown")
+    assert (ensure_experiment(client, "brown"), ensure_experiment(client, "older")) == (created, older)
+    assert ensure_experiment(client, "chat") == chat
+    kinds = {e.name: e.tags.get("mlflow.experimentKind") for e in client.search_experiments()}
+    kind = EXPERIMENT_KIND["mlflow.experimentKind"]
+    assert kinds == {"Default": None, "brown": kind, "older": kind, "chat": "genai_development"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def throwaway_repo(path: Path) -> str:
+    """A repository with one commit (its hash returned); its file `conf.yaml` changed afterwards makes it dirty."""
+    path.mkdir()
+    git(path, "init", "-q")
+    (path / "conf.yaml").write_text("uri: sqlite:///mlflow.db\n")
+    git(path, "add", "conf.yaml")
+    git(path, "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "base")
+    return git(path, "rev-parse", "HEAD").strip()
+
+
+def as_code(repo: Path) -> dict[str, str]:
+    """The environment that makes git, wherever it runs, see `repo` as the work tree of the code."""
+    return {"GIT_DIR": str(repo / ".git"), "GIT_WORK_TREE": str(repo)}
+
+
+def test_git_state_is_the_commit_and_what_a_dirty_tree_adds_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    commit = throwaway_repo(repo)
+    for name, value in as_code(repo).items():
+        monkeypatch.setenv(name, value)
+    assert git_state() == (commit, "")
+    (repo / "conf.yaml").write_text(CHANGE)
+    state, diff = git_state()
+    assert state == f"{commit}+dirty" and f"+{CHANGE}" in diff and diff == git(repo, "diff", "HEAD", "--binary")
+    (repo / "untracked.txt").write_text("not code\n")  # untracked files are not part of the code, as before
+    assert git_state() == (state, diff)
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "nowhere"))
+    assert git_state() == ("unknown", "")
+
+
+def test_a_run_from_a_dirty_tree_keeps_its_diff(brown_path: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    commit = throwaway_repo(repo)
+    (repo / "conf.yaml").write_text(CHANGE)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [f"data.path={brown_path}", *SLICE, "experiment=kn3", f"tracking.uri={uri}"]
+    result = run_script("nplm-train", *args, cwd=tmp_path, env=env | as_code(repo))
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+    assert run.data.tags["git_commit"] == f"{commit}+dirty" and run.data.tags["mlflow.source.git.commit"] == commit
+    patch = Path(
+        mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="git_diff.patch", tracking_uri=uri)
+    )
+    assert patch.read_text() == redact(git(repo, "diff", "HEAD", "--binary")) and SECRET not in patch.read_text()
+    assert "+uri: postgresql+psycopg://***@db-host/nplm" in patch.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_password_in_the_store_uri_reaches_neither_the_store_nor_the_logs(brown_path: Path, tmp_path: Path) -> None:
+    """A run and a sweep recorded straight into PostgreSQL, the URI carrying the password (the throwaway cluster
+    trusts every login, so any password works): no param, tag, artifact or log line of ours holds it."""
+    from test_scaling import postgres
+
+    with postgres() as bare:
+        uri = bare.replace("nplm@", f"nplm:{SECRET}@")
+        common = [f"data.path={brown_path}", *SLICE, "experiment=kn3", f"tracking.uri={uri}"]
+        single = run_script("nplm-train", *common, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+        assert single.returncode == 0, single.stderr[-3000:]
+        sweep = run_script("nplm-train", "-m", *common, f"hydra.sweep.dir={tmp_path}/sweep", cwd=tmp_path)
+        assert sweep.returncode == 0, sweep.stderr[-3000:]
+        client = MlflowClient(uri)
+        runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+        job = next(r for r in runs if "sweep" not in r.data.tags)
+        assert job.data.params["tracking.uri"] == uri.replace(f"nplm:{SECRET}@", "***@")
+        config = mlflow.artifacts.load_text(f"{job.info.artifact_uri}/config.yaml")
+        recorded = [config, (tmp_path / "run" / "train.log").read_text(), single.stdout, single.stderr]
+        for run in runs:  # the job's and the sweep's parent
+            recorded += [*run.data.params.values(), *run.data.tags.values()]
+    assert len(runs) == 2 and not [text for text in recorded if SECRET in text]

@@ -1,0 +1,118 @@
+"""Studies are the config group `study` (sweeps/, installed as nplm_repro/conf/study): `nplm-train -m study=<name>`
+from any directory composes the jobs that `nplm-train -cd sweeps -cn <name>` composed, keys and all."""
+
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, SWEEPS, composed, composed_study, run_script
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from nplm_repro.cli import study_form
+from nplm_repro.errors import NplmError
+from nplm_repro.tracking.keys import config_key, model_key
+
+STUDIES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
+
+
+def as_primary(study: str, folder: Path) -> Path:
+    """sweeps/<study>.yaml as it was before the group: a primary config that starts from `config`."""
+    cfg = OmegaConf.load(SWEEPS / f"{study}.yaml")
+    cfg.defaults = ["config", *cfg.defaults]
+    OmegaConf.save(cfg, folder / f"{study}.yaml")
+    return folder
+
+
+def jobs_and_sweep(cfg: DictConfig) -> tuple[list[list[str]], dict]:
+    """The overrides of a sweep's jobs, as Hydra's basic sweeper expands them, and how it sweeps and launches."""
+    params = [f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()]
+    jobs = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(params), None)[0]
+    return jobs, OmegaConf.to_container(OmegaConf.masked_copy(cfg.hydra, ["mode", "launcher", "sweeper", "callbacks"]))
+
+
+def job_config(cfg: DictConfig) -> dict:
+    """What a job runs with: its config less Hydra's."""
+    return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_a_study_composes_the_jobs_its_file_composed_as_a_primary_config(study: str, tmp_path: Path) -> None:
+    with initialize_config_dir(config_dir=str(as_primary(study, tmp_path)), version_base="1.3"):
+        search = "hydra.searchpath=[pkg://nplm_repro.conf]"  # as -cd sweeps put it beside the main config path
+        jobs, sweep = jobs_and_sweep(compose(study, overrides=[search], return_hydra_config=True))
+        olds = [job_config(compose(study, overrides=[search, *job])) for job in (jobs[0], jobs[-1])]
+    assert jobs_and_sweep(composed_study(study)) == (jobs, sweep)
+    assert [job_config(composed_study(study, *job)) for job in (jobs[0], jobs[-1])] == olds
+
+
+@pytest.mark.parametrize(
+    "study,job,config,model",
+    [
+        ("brown_table1", "experiment=mlp5", "dead57fef118506b", "8d570b9cfa835952"),
+        ("brown_table1", "experiment=class_n3_c500", "b903774b82a2798f", None),
+        ("ap_table2", "experiment=ap_mlp10", "eb6690a28f4b4e8d", "978a1806a1c77b3a"),
+        ("brown_vocab", "experiment=kn3", "26b2f55cc9cfc70d", None),
+        ("brown_mixtures", "experiment=mlp6 model.mix=learned", "bfab16c8d848c554", "8d570b9cfa835952"),
+        ("brown_sampled", "optim=sampled experiment=mlp9", "b6eb830603d84695", "60269c778944f5e7"),
+        ("grid", "model.mix=fixed model.n=3 model.m=30 model.h=50 model.direct=false seed=2", "5cc8fd06c5341b68", None),
+    ],
+)
+def test_a_studys_jobs_keep_the_keys_of_the_old_command(study: str, job: str, config: str, model: str | None) -> None:
+    """Keys of `nplm-train -cd sweeps -cn <study>`'s jobs, computed before the group, float32, a fixed data path."""
+    cfg = composed(f"study={study}", *job.split(), "trainer.precision=32-true", "data.path=brown.zip")
+    assert config_key(cfg, "0123456789abcdef") == config
+    if model:
+        assert model_key(cfg, "0123456789abcdef") == model
+
+
+def test_help_lists_the_studies_from_any_directory(tmp_path: Path) -> None:
+    result = run_script("nplm-train", "--help", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"study: {', '.join(STUDIES)}\n" in result.stdout
+
+
+def test_nplm_bench_finds_its_config_from_any_directory(tmp_path: Path) -> None:
+    result = run_script("nplm-bench", "--cfg", "job", "experiment=kn3", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "ngram_rows:" in result.stdout and "row: Kneser-Ney back-off" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["-cd", str(SWEEPS), "-cn", "grid", "seed=3"], ["study=grid", "seed=3"]),
+        (["seed=3", f"--config-dir={SWEEPS}", "--config-name", "grid"], ["seed=3", "study=grid"]),
+        (["-cn", "grid", "seed=3"], ["-cn", "grid", "seed=3"]),  # no -cd: Hydra's own configs
+    ],
+)
+def test_the_old_command_of_a_study_runs_as_the_study(argv: list[str], expected: list[str]) -> None:
+    assert study_form(argv) == expected
+
+
+def test_a_config_directory_of_ones_own_is_left_to_hydra(tmp_path: Path) -> None:
+    """A sweep file of the old kind (it starts from `config`) is a primary config, and still runs as one."""
+    as_primary("grid", tmp_path)
+    argv = ["-cd", str(tmp_path), "-cn", "grid"]
+    assert study_form(argv) == argv
+
+
+def test_a_study_file_not_the_installed_one_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "grid.yaml").write_text((SWEEPS / "grid.yaml").read_text().replace("range(1,3)", "range(1,4)"))
+    with pytest.raises(NplmError, match="grid.yaml is not the study grid installed with nplm_repro"):
+        study_form(["-cd", str(tmp_path), "-cn", "grid"])
+    result = run_script("nplm-train", "-cd", str(tmp_path), "-cn", "grid", cwd=tmp_path, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1
+    assert lines[0].startswith(f"nplm-train: error: {tmp_path / 'grid.yaml'} is not the study grid installed")
+
+
+def test_the_wheel_lists_every_package() -> None:
+    """pyproject.toml lists the packages (its package-dir maps conf/ to nplm_repro.conf): none may be left out."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "nplm_repro").rglob("__init__.py")}
+    assert sorted(setuptools["packages"]) == sorted(found | {"nplm_repro.conf"})
+    assert setuptools["package-dir"] == {"nplm_repro.conf": "conf"}
+    assert (ROOT / "conf" / "study").resolve() == SWEEPS.resolve()
