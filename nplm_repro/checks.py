@@ -26,17 +26,17 @@ def _at_least(low: int) -> Rule:
     return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low), f"an integer >= {low}"
 
 
-def _number(low: float, high: float = math.inf, low_open: bool = False) -> Rule:
+def _number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False) -> Rule:
     def ok(v: Any) -> bool:
         return (
             isinstance(v, (int, float))
             and not isinstance(v, bool)
             and (low < v if low_open else low <= v)
-            and v <= high
+            and (v < high if high_open else v <= high)
         )
 
     bound = f"> {low}" if low_open else f">= {low}"
-    return ok, f"a number {bound}" if high == math.inf else f"a number {bound} and <= {high}"
+    return ok, f"a number {bound}" if high == math.inf else f"a number {bound} and {'<' if high_open else '<='} {high}"
 
 
 def _one_of(*choices: Any) -> Rule:
@@ -103,6 +103,9 @@ NEURAL: dict[str, Rule] = {
     "optim.weight_decay": _number(0),
     "optim.batch_size": _at_least(1),
     "optim.output": _one_of("exact", "sampled"),
+    # the recipes' rate schedules, each on when set (lightning_module.schedules); torch drops only by a factor < 1
+    "optim.decay_rate": _optional(_number(0)),
+    "optim.plateau_factor": _optional(_number(0, 1, low_open=True, high_open=True)),
     "trainer.precision": _one_of("auto", *PRECISIONS),  # bf16-mixed: products in bfloat16, eval float32
     # 0 would train nothing and score the initial weights as if they were a model; -1 is Lightning's "no limit"
     "trainer.max_epochs": _optional(_limit),
@@ -118,10 +121,6 @@ SAMPLED: dict[str, Rule] = {
     "trainer.precision": _one_of("auto", "32-true"),
     "trainer.devices": _one_of(1),  # its sparse gradients are not tried under DDP
 }
-RECIPES: dict[str, dict[str, Rule]] = {
-    "paper": {"optim.decay_rate": _number(0)},
-    "fast": {"optim.plateau_factor": _number(0, 1, low_open=True)},
-}
 
 # Lightning's fast_dev_run turns off the run's logger and checkpoints: its run would sit among the study's with
 # no perplexities (the report lists it as failed). debug=default is the quick check that is recorded apart.
@@ -135,7 +134,7 @@ def check_config(cfg: DictConfig) -> None:
     """Raise NplmError naming the first key whose value is out of range."""
     rules = dict(COMMON) | CORPUS_RULES.get(cfg.data.corpus, {})
     if is_neural(cfg):
-        rules |= NEURAL | RECIPES.get(cfg.optim.recipe, {})
+        rules |= NEURAL
         if cfg.optim.get("output") == "sampled":
             rules |= SAMPLED
     for key, (ok, expected) in rules.items():

@@ -504,3 +504,99 @@ def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_written(
     assert len(lines) == 1 and lines[0].startswith("nplm-report: error: ") and message in lines[0], result.stderr
     assert not (tmp_path / "reports").exists() and result.stdout == ""
     assert (tmp_path / "mlflow.db").exists() == (fill is not None)  # a missing store is not created
+
+
+# --- sweeps/brown_recipe: the paper's recipe to convergence, and the steps from optim=paper to optim=fast --------
+
+
+def recipe_job(name: str) -> tuple[str, ...]:
+    return ("study=brown_recipe", f"experiment=brown_recipe/{name}")
+
+
+@pytest.fixture(scope="module")
+def recipe_store(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """brown_recipe's eight jobs beside brown_table1's fast rows (two seeds of MLP5), an optim=paper attempt of
+    Table 1 (not a fast row), two n-gram rows; and, on other data, a paper-recipe MLP5 with no Table 1 beside it."""
+    workdir = tmp_path_factory.mktemp("recipe")
+    uri = store_in(workdir, empty_store)
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(workdir / "mlruns"))
+    for seed, ppl in ((1, (180, 266, 245)), (2, (181, 268, 247))):
+        log_run(client, brown, ("experiment=mlp5", f"seed={seed}"), seed, ppl=ppl)
+    log_run(client, brown, ("experiment=mlp5", "optim=paper"), 3, ppl=(250, 313.4, 291.5))  # an attempt, not fast
+    log_run(client, brown, ("experiment=mlp6",), 4, ppl=(None, 266, 246))
+    log_run(client, brown, ("experiment=del_int",), 5, ppl=(32, 355, 330))
+    log_run(client, brown, ("experiment=kn3",), 6, ppl=(90, 346, 325))
+    jobs = {  # job: (train, valid, test), validation per epoch
+        "mlp5_paper": ((200, 300, 285), (340, 320, 305, 300, 301, 302)),
+        "mlp9_paper": ((190, 290, 270), (330, 300, 290, 291, 292)),
+        "mlp5_batch256": ((210, 310, 295), (350, 310, 311, 312)),
+        "mlp5_rate5x": ((180, 270, 250), (300, 270, 272, 275)),
+        "mlp5_drop": ((182, 265, 246), (290, 265, 266, 267)),
+        "mlp5_fast": ((183, 266, 245), (291, 266, 267, 268)),
+        "mlp6_paper": ((None, 295, 280), ()),
+        "mlp10_paper": ((None, 292, 275), ()),
+    }
+    for i, (name, (ppl, epochs)) in enumerate(jobs.items()):
+        log_run(client, brown, recipe_job(name), 10 + i, ppl=ppl, epochs=epochs, study="brown_recipe")
+    log_run(client, brown, recipe_job("mlp5_paper"), 9, ppl=(1, 2, 3), fingerprint=FP_OLD, study="brown_recipe")
+    return uri
+
+
+def test_brown_recipe_sets_the_paper_recipe_beside_the_paper_and_table1s_fast_rows(recipe_store: str) -> None:
+    rep = build(recipe_store, "brown", "brown_recipe")
+    beside = rep.recipe.beside.set_index("row")
+    mlp5 = beside.loc["MLP5"]
+    assert (mlp5["valid, paper recipe"], mlp5["valid, paper"], mlp5["valid diff"]) == ("300.0", "296", "+1.4%")
+    assert (mlp5["test, paper recipe"], mlp5["test diff"], mlp5["epochs"]) == ("285.0", "+2.2%", "")
+    assert (mlp5["valid, fast"], mlp5["test, fast"], mlp5["fast seeds"]) == ("267.0 ± 1.4", "246.0 ± 1.4", "2")
+    assert (beside.loc["MLP6", "test, paper recipe"], beside.loc["MLP6", "test, fast"]) == ("280.0", "246.0")
+    assert beside.loc["MLP9", "valid, fast"] == "not run" and "brown_table1's in this store" in rep.recipe.fast_from
+    mlp5_line, mlp9_line = rep.recipe.targets
+    assert mlp5_line.startswith("MLP5, optim=paper: valid 300.0 (paper 296, +1.4%), test 285.0 (paper 279, +2.2%)")
+    assert "within 3% on both; 6 epochs, ended by early stopping (trainer.max_epochs=200), best at epoch 4" in mlp5_line
+    assert "misses on valid by 0.6% beyond the 3%" in mlp9_line  # 290 against 280: +3.6%
+    other = build(recipe_store, "brown", "brown_recipe", fingerprint=FP_OLD)
+    assert other.recipe.fast_from.startswith("optim=fast rows: absent")
+    assert set(other.recipe.beside["valid, fast"]) == {"absent"}
+
+
+def test_brown_recipe_orders_the_steps_from_paper_to_fast_and_names_the_one_that_moved_most(recipe_store: str) -> None:
+    steps = build(recipe_store, "brown", "brown_recipe").recipe
+    table = steps.ablation
+    assert list(table["step"]) == ["0. paper", "1. batch 256", "2. rate x5", "3. drop on plateau", "4. no decay = fast"]
+    assert list(table["valid"]) == ["300.0", "310.0", "270.0", "265.0", "266.0"]
+    assert list(table["valid change"]) == ["", "+3.3%", "-12.9%", "-1.9%", "+0.4%"]
+    assert list(table["test change"]) == ["", "+3.5%", "-15.3%", "-1.6%", "-0.4%"]
+    assert list(table["against"]) == ["", "paper", "batch 256", "rate x5", "drop on plateau"]
+    assert steps.moved == [
+        "valid: step 2. rate x5 (5e-3 per word instead of 1e-3) moved perplexity most, -12.9% against batch 256",
+        "test: step 2. rate x5 (5e-3 per word instead of 1e-3) moved perplexity most, -15.3% against batch 256",
+    ]
+
+
+def test_brown_recipe_checks_the_claims_on_the_paper_recipe_rows(recipe_store: str, tmp_path: Path) -> None:
+    rep = build(recipe_store, "brown", "brown_recipe")
+    mixing, _, _, ngram_margin, _ = rep.claims
+    assert mixing.verdict == FAILS  # MLP9 -> MLP10 gets worse, MLP5 -> MLP6 better; the fast MLP6 is not used
+    assert mixing.evidence[2] == "MLP5 -> MLP6: test 285.0 -> 280.0 (-1.8%); paper 279 -> 259 (-7.2%)"
+    assert mixing.evidence[4] == "MLP9 -> MLP10: test 270.0 -> 275.0 (+1.9%); paper 276 -> 252 (-8.7%)"
+    assert "not measured" in mixing.evidence[0]  # MLP1 and MLP2: never run with the paper's recipe
+    assert ngram_margin.verdict == PARTLY
+    assert (
+        ngram_margin.evidence[0] == "ours: Kneser-Ney back-off n=3 325.0 against MLP9 270.0, the baseline +20.4% higher"
+    )
+    files = {p.name for p in write(rep, tmp_path)}
+    assert "brown_recipe_valid_by_epoch.png" in files
+    md = (tmp_path / "brown_recipe.md").read_text()
+    for heading in ("The paper's recipe to convergence, beside", "From optim=paper to optim=fast, one knob at a time"):
+        assert f"## {heading}" in md
+    assert "Checked on the paper-recipe rows" in md
+    assert sorted(rep.history) == [
+        "MLP5 batch 256",
+        "MLP5 drop on plateau",
+        "MLP5 no decay = fast",
+        "MLP5 paper",
+        "MLP5 rate x5",
+        "MLP9 paper",
+    ]

@@ -366,3 +366,24 @@ def test_brown_sampled_trains_each_mlp_both_ways_and_its_report_pairs_them(brown
         rf"in fit: {number}x faster",
         report,
     ), report
+
+
+@pytest.mark.slow
+def test_brown_recipe_runs_its_steps_and_its_report_orders_them(brown_path: Path, tmp_path: Path) -> None:
+    """sweeps/brown_recipe narrowed to two tiny steps of MLP5 on a slice (optim=paper, and the paper's decay with
+    fast's batch, rate and drop: both schedules in one run), two epochs each so that the drop's check runs."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    steps = "experiment=brown_recipe/mlp5_paper,brown_recipe/mlp5_drop"
+    tiny = ["trainer.max_epochs=2", "trainer.limit_train_batches=5"]  # MLP5 as it is: the steps are MLP5's
+    nplm_sweep(tmp_path, "brown_recipe", steps, f"data.path={brown_path}", *SLICE_5K, *tiny, f"tracking.uri={uri}")
+    _, jobs = split(runs_of(uri))
+    assert (jobs["status"] == "FINISHED").all() and (jobs["tags.study"] == "brown_recipe").all()
+    assert sorted(jobs["params.optim.plateau_factor"].fillna("unset")) == ["0.2", "unset"]
+    assert (jobs["params.optim.decay_rate"] == "1e-08").all() and (jobs["metrics.epochs"] == 2).all()
+    report = (tmp_path / "reports" / "brown_recipe.md").read_text()
+    assert "## From optim=paper to optim=fast, one knob at a time" in report
+    number = r"[0-9.]+"
+    drop = rf"\| 3\. drop on plateau +\|[^|]+\| *{number} *\| *[+-]{number}% *\|[^|]+\|[^|]+\| paper +\| +2 \|"
+    assert re.search(drop, report), report
+    assert re.search(r"\| 1\. batch 256 +\| .+ \| not run +\|", report), report
+    assert "MLP5, optim=paper: valid" in report and "brown_recipe_valid_by_epoch.png" in report

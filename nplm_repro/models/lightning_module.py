@@ -8,6 +8,7 @@ Both recipes are SGD with weight decay, the learning rate `optim.lr` counted per
   Under DDP with W processes of B words each, one step averages W x B words, and B counts them all.
 - `fast`: 5 times the paper's rate on batches of 256, multiplied by `plateau_factor` after each epoch that
   does not improve validation perplexity (early stopping ends training two such epochs later).
+The decay and the drop are knobs either recipe can take (`schedules`), for going from one recipe to the other.
 Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
 
 Perplexity is exp(mean negative log-likelihood) over every token of a split, from the exact softmax of
@@ -167,7 +168,7 @@ class NPLMModule(L.LightningModule):
         """P(w_t | context) of each target, float64, for mixing with another model token by token."""
         return torch.exp(-self._token_nll(*batch).double())
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim
         groups = [
             {"params": self.model.decayed(), "weight_decay": o["weight_decay"]},
@@ -179,13 +180,33 @@ class NPLMModule(L.LightningModule):
             optimizer = SparseSGD(groups, lr=o["lr"] * batch)
         else:
             optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=True)
-        if o["recipe"] == "paper":
-            decay = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lambda step: 1.0 / (1.0 + o["decay_rate"] * step * batch)
-            )
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=o["plateau_factor"], patience=0)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "valid_ppl_epoch"}}
+        return [optimizer], schedules(optimizer, o.get("decay_rate"), o.get("plateau_factor"), batch)
+
+
+def schedules(
+    optimizer: torch.optim.Optimizer, decay_rate: float | None, plateau_factor: float | None, batch: int
+) -> list[dict[str, Any]]:
+    """The recipes' two learning-rate knobs, each on when its key is set: the paper's eps_0 / (1 + r t) (`decay_rate`
+    r, t counting training words; optim=paper) and the drop by `plateau_factor` after an epoch without validation
+    progress (optim=fast). A recipe may take the other's knob (`+optim.plateau_factor=0.2` on paper, `+optim.decay_rate`
+    on fast; `optim.plateau_factor=null` drops nothing): sweeps/brown_recipe.yaml moves from one recipe to the other
+    one knob at a time. Each recipe alone keeps its scheduler, so its runs step exactly as before the knobs composed.
+    """
+
+    def decay(step: int) -> float:
+        return 1.0 / (1.0 + decay_rate * step * batch)
+
+    found = []
+    if decay_rate is not None:
+        if plateau_factor is None:
+            found.append({"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, decay), "interval": "step"})
+        else:  # the decay as a factor per step on the current rate, so that the drops, which scale it, stay in it
+            steps = torch.optim.lr_scheduler.MultiplicativeLR(optimizer, lambda step: decay(step) / decay(step - 1))
+            found.append({"scheduler": steps, "interval": "step"})
+    if plateau_factor is not None:
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=plateau_factor, patience=0)
+        found.append({"scheduler": plateau, "monitor": "valid_ppl_epoch"})
+    return found
 
 
 class ProgressBar(TQDMProgressBar):

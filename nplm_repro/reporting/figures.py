@@ -41,6 +41,11 @@ def valid_by_epoch(report: Report, path: Path) -> bool:
         for i, (_, values) in enumerate(seeds):
             epochs = range(1, len(values) + 1)
             ax.plot(epochs, values, marker="o", color=f"C{colour % 10}", label=row if i == 0 else None)
+    for row, valid in (report.recipe.paper_valid if report.recipe else {}).items():  # brown_recipe's targets
+        ax.axhline(valid, color="grey", linestyle="--", linewidth=0.8)
+        ax.annotate(
+            f"{row}, paper's valid {valid:g}", (1, valid), fontsize=7, xytext=(2, 2), textcoords="offset points"
+        )
     ax.set(xlabel="epoch", ylabel="validation perplexity", title=f"{report.study}: validation perplexity per epoch")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)

@@ -14,6 +14,7 @@ import pandas as pd
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.paper import COLUMNS, PAPER_CORPORA, PAPER_DATA, PAPER_TABLES, PAPER_TITLES
 from nplm_repro.reporting.figures import draw
+from nplm_repro.reporting.recipe import CLAIMS_NOTE
 from nplm_repro.reporting.runs import run_text
 from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, display
 
@@ -109,7 +110,8 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
     chosen = "Rows run in several configurations; the table shows the one with the lowest mean validation perplexity."
     sections = [
         Section(_title(report), paragraphs=_intro(report), table=display(report)),
-        Section("The paper's claims, on our numbers", items=claims),
+        *_recipe_sections(report),
+        Section("The paper's claims, on our numbers", paragraphs=(CLAIMS_NOTE,) if report.recipe else (), items=claims),
         *(Section(heading, items=tuple(Item(line) for line in lines)) for heading, lines in lists),
         Section("Attempts", paragraphs=(chosen,), table=None if attempts.empty else attempts),
         Section("Figures", figures=tuple(figures)),
@@ -117,6 +119,32 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
     sections = [s for s in sections if s.items or s.table is not None or s.figures]
     regenerate = "From the directory that holds the store (or with `--tracking-uri`):"
     return [*sections, Section("Regenerate", paragraphs=(regenerate,), command=report.command)]
+
+
+def _recipe_sections(report: Report) -> list[Section]:
+    """sweeps/brown_recipe.yaml's: the paper's recipe to convergence, and the steps from optim=paper to optim=fast."""
+    found = report.recipe
+    if found is None:
+        return []
+    why = "The validation curves (figure below) show how each run ended."
+    steps = (
+        "MLP5, one knob changed per step, each step against the previous one that ran (relative change); "
+        "minutes are the run's time in fit."
+    )
+    return [
+        Section(
+            "The paper's recipe to convergence, beside the paper and optim=fast",
+            paragraphs=(found.fast_from, why),
+            items=tuple(Item(line) for line in found.targets),
+            table=found.beside,
+        ),
+        Section(
+            "From optim=paper to optim=fast, one knob at a time",
+            paragraphs=(steps,),
+            items=tuple(Item(line) for line in found.moved),
+            table=found.ablation,
+        ),
+    ]
 
 
 def _markdown_table(frame: pd.DataFrame) -> str:

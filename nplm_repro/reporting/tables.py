@@ -12,7 +12,7 @@ import pandas as pd
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, label, paper_table, row_key
-from nplm_repro.reporting import notes
+from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.runs import (
     assign_studies,
@@ -103,6 +103,7 @@ class Report:
     history: dict[str, list[tuple[str, list[float]]]]
     require_clean: bool = False
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
+    recipe: recipe.Findings | None = None  # sweeps/brown_recipe.yaml's only
 
     @property
     def command(self) -> str:
@@ -170,6 +171,11 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
     )
     active = runs.sort_values(["start_time", "run_id"])
     data = {k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))}
+    table = recipe.labelled(table) if study == recipe.STUDY else table  # its rows named by their steps
+    curves, claims, findings = history(uri, table), check_claims(study, table), None
+    if study == recipe.STUDY:
+        table1 = fast_table1(all_runs, fingerprint)
+        claims, findings = recipe.claims(table, table1), recipe.findings(table, table1, curves)
     return Report(
         study=study,
         experiment=experiment,
@@ -181,7 +187,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         table=table,
         extra=extra,
         attempts=attempts,
-        claims=check_claims(study, table),
+        claims=claims,
         running=active[active["state"] == "running"],
         failed=active[active["state"] == "failed"],
         excluded=notes.excluded(study, all_runs, fingerprint),
@@ -189,10 +195,23 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         data_effect=notes.data_effect(study, table, all_runs, fingerprint, data["vocab_size"]),
         other_mixtures=notes.other_mixtures(study, table, all_runs, fingerprint),
         sampled=notes.sampled_vs_exact(table),
-        history=history(uri, table),
+        history=curves,
         require_clean=require_clean,
         left_out=left_out,
+        recipe=findings,
     )
+
+
+def fast_table1(all_runs: pd.DataFrame, fingerprint: str) -> pd.DataFrame | None:
+    """brown_table1 as this store reproduced it with optim=fast and the exact softmax (its other attempts left out),
+    n-gram rows included, on this data; None when it has no such finished row."""
+    runs = all_runs[(all_runs["study"] == recipe.TABLE1) & (all_runs["fingerprint"] == fingerprint)]
+    configs = [json.loads(c) for c in runs["config"]]
+    fast = [c.get("optim.recipe", "fast") == "fast" and "optim.output" not in c for c in configs]
+    runs = runs[pd.Series(fast, index=runs.index, dtype=bool)]
+    if not (runs["state"] == "finished").any():
+        return None
+    return paper_study_table(recipe.TABLE1, configurations(runs))[0]
 
 
 DIRTY_MARK = " (+dirty)"
