@@ -9,6 +9,7 @@ absent; tests/data/tiny_brown.zip (written by tests/data/make_tiny_brown.py) is 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,10 @@ def run_script(
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     command = [console_script(name), *args]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server a test starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -14,7 +14,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 import requests
-from helpers import SLICE, SWEEPS, console_script, run_script
+from helpers import SLICE, SWEEPS, console_script, free_port, run_script
 from mlflow.tracking import MlflowClient
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -180,12 +179,6 @@ def chromium(shots: Path) -> Iterator[Page]:
             stop(browser)
             os.close(to_chromium)
             os.close(from_chromium)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -15,17 +14,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import SLICE, SWEEPS, composed_study, console_script, data_slice
+from helpers import SLICE, SWEEPS, composed_study, console_script, data_slice, free_port
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.enable_progress_bar=false"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
