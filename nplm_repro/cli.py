@@ -89,6 +89,10 @@ def study_form(argv: list[str]) -> list[str]:
     return [f"study={name}" if i == name_at[0] else arg for i, arg in enumerate(argv) if i not in dir_at + name_at[1:]]
 
 
+# Said on Ctrl-C or SIGTERM: the ledger marks a run it was recording KILLED, and resumes it on the same command.
+INTERRUPTED = "interrupted (any run it was recording is now KILLED; the same command resumes it)"
+
+
 def cli(main: Callable[[], Any]) -> Callable[[], None]:
     """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and
     exits 2; any other exception prints `prog: error: <type>: ...` and exits 1 (a run keeps its traceback in
@@ -115,7 +119,7 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
         except (KeyboardInterrupt, SystemExit) as error:
             if not interrupted(error) or _user_wants_traceback:
                 raise
-            print(f"{os.path.basename(sys.argv[0])}: interrupted (a run being recorded is now KILLED)", file=sys.stderr)
+            print(f"{os.path.basename(sys.argv[0])}: {INTERRUPTED}", file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)
         except Exception as error:
             if _user_wants_traceback:

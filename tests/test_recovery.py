@@ -24,6 +24,8 @@ from nplm_repro.errors import NplmError
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.ledger import ORPHANED
 
+STOPPED = "nplm-train: interrupted (any run it was recording is now KILLED; the same command resumes it)"
+
 SLICE = data_slice(60_000, 5_000, 5_000)
 SMALL = [*SLICE, "experiment=mlp3", "model.m=8", "trainer.max_epochs=3", "seed=5", "trainer.enable_progress_bar=false"]
 NPLM_TRAIN, NPLM_REPORT = console_script("nplm-train"), console_script("nplm-report")
@@ -104,7 +106,7 @@ def test_stopped_run_resumes_in_the_same_run_and_ends_as_an_uninterrupted_one(
     stopped = stop_mid_second_epoch(command(brown_path, uri), tmp_path, uri, how)
     assert stopped.returncode == exit_code, stderr_tail(stopped)
     if how != signal.SIGKILL:
-        assert stopped.stderr.strip().splitlines()[-1] == "nplm-train: interrupted (a run being recorded is now KILLED)"
+        assert stopped.stderr.strip().splitlines()[-1] == STOPPED
     (run,) = runs(uri)
     assert run.info.status == status  # kill -9 gives no chance to mark it: RUNNING, with its process gone
     client = MlflowClient(uri)
@@ -239,7 +241,7 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130
-    assert stderr.strip().splitlines()[-1] == "nplm-train: interrupted (a run being recorded is now KILLED)"
+    assert stderr.strip().splitlines()[-1] == STOPPED
     by_seed = {r.data.params.get("seed", "parent"): r for r in runs(uri)}
     assert by_seed.pop("parent").info.status == "KILLED"
     assert {r.info.status for r in by_seed.values()} == {"KILLED"}
@@ -419,7 +421,7 @@ def test_ctrl_c_while_the_corpus_is_read_is_exit_130_and_leaves_no_run(brown_pat
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130
-    assert stderr.strip().splitlines()[-1] == "nplm-train: interrupted (a run being recorded is now KILLED)"
+    assert stderr.strip().splitlines()[-1] == STOPPED
     assert runs_if_any(uri) == []
 
 
