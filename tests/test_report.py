@@ -6,6 +6,7 @@ to put rows in every state: several seeds, RUNNING, FAILED, two configurations, 
 """
 
 import functools
+import json
 import shutil
 import sys
 import zipfile
@@ -24,6 +25,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting import render, tables
 from nplm_repro.reporting.claims import FAILS, HOLDS, NOT_MEASURED, PARTLY, check_claims
+from nplm_repro.reporting.notes import sampled_vs_exact
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import Report, build
 from nplm_repro.tracking import ledger
@@ -600,3 +602,31 @@ def test_brown_recipe_checks_the_claims_on_the_paper_recipe_rows(recipe_store: s
         "MLP5 rate x5",
         "MLP9 paper",
     ]
+
+
+def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16() -> None:
+    """On a CPU with bfloat16 units `auto` trains the exact run in bf16-mixed, while sampled training is float32:
+    the precision is how a run trained, so the two still pair, and the line says which precision the exact run had."""
+    model = {"model._target_": "mlp", "model.n": "5", "model.h": "100", "optim.lr": "0.005"}
+    exact = model | {"trainer.precision": "bf16-mixed"}
+    sampled = model | {"trainer.precision": "32-true", "optim.output": "sampled", "optim.samples": "500"}
+    sampled |= {"optim.proposal": "bigram", "optim.estimator": "importance", "trainer.limit_val_batches": "0.25"}
+    runs = pd.DataFrame(
+        {
+            "row": ["MLP9", "MLP9"],
+            "family": "mlp",
+            "mix": "no",
+            "status": "finished",
+            "config": [json.dumps(exact), json.dumps(sampled)],
+            "valid_ppl": [260.0, 262.6],
+            "test_ppl": [240.0, 240.0],
+            "epochs": [15, 17],
+            "fit_minutes": [30.0, 6.0],
+            "minutes": [31.0, 7.0],
+        }
+    )
+    (line,) = sampled_vs_exact(runs)
+    assert line.startswith("MLP9: exact (bf16-mixed) valid 260.0, test 240.0, 15 epochs, 30.0 min; sampled (k=500, ")
+    assert line.endswith("valid 262.6 (+1.0%), test 240.0 (+0.0%), 17 epochs, 6.0 min in fit: 5.0x faster")
+    runs.loc[1, "config"] = json.dumps(sampled | {"model.h": "50"})  # another model: no pair
+    assert sampled_vs_exact(runs) == []

@@ -361,9 +361,9 @@ def test_brown_sampled_trains_each_mlp_both_ways_and_its_report_pairs_them(brown
     assert "## Sampled against exact training" in report
     number = r"[0-9.]+"
     assert re.search(
-        rf"MLP9: exact valid {number}, test {number}, 1 epochs, {number} min; sampled \(k=100, bigram proposal, "
-        rf"importance\) valid {number} \([+-]{number}%\), test {number} \([+-]{number}%\), 1 epochs, {number} min "
-        rf"in fit: {number}x faster",
+        rf"MLP9: exact \((32-true|bf16-mixed)\) valid {number}, test {number}, 1 epochs, {number} min; "
+        rf"sampled \(k=100, bigram proposal, importance\) valid {number} \([+-]{number}%\), "
+        rf"test {number} \([+-]{number}%\), 1 epochs, {number} min in fit: {number}x faster",
         report,
     ), report
 

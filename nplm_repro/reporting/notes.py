@@ -13,7 +13,17 @@ from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.runs import newest_finished, run_name, run_text
 
 # The knobs of sampled training: without them, a sampled run and an exact run are the same model.
-SAMPLED_ONLY = ("optim.output", "optim.samples", "optim.proposal", "optim.estimator", "trainer.limit_val_batches")
+# How a run trained, not what it trained: a sampled run and an exact one differing only in these are a pair. The
+# precision is among them because sampled training computes in float32 while `auto` may pick bf16-mixed for the
+# exact run (on a CPU with bfloat16 units).
+HOW_TRAINED = (
+    "optim.output",
+    "optim.samples",
+    "optim.proposal",
+    "optim.estimator",
+    "trainer.limit_val_batches",
+    "trainer.precision",
+)
 
 
 def excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
@@ -120,13 +130,13 @@ def sampled_vs_exact(table: pd.DataFrame) -> list[str]:
     pairs: dict[str, dict[str, pd.Series]] = {}
     for _, row in trained.iterrows():
         config = json.loads(row["config"])
-        model = json.dumps({k: v for k, v in config.items() if k not in SAMPLED_ONLY})
+        model = json.dumps({k: v for k, v in config.items() if k not in HOW_TRAINED})
         pairs.setdefault(model, {})[config.get("optim.output", "exact")] = row
     lines = []
     for both in pairs.values():
         if {"exact", "sampled"} <= set(both):
             exact, sampled = both["exact"], both["sampled"]
-            how = json.loads(sampled["config"])
+            how, precision = json.loads(sampled["config"]), json.loads(exact["config"]).get("trainer.precision")
             # time in fit where both have it: a run resumed in a later session spans the time between
             cost = "fit_minutes" if pd.notna(exact["fit_minutes"]) and pd.notna(sampled["fit_minutes"]) else "minutes"
             speedup = exact[cost] / sampled[cost] if sampled[cost] else np.nan
@@ -135,7 +145,7 @@ def sampled_vs_exact(table: pd.DataFrame) -> list[str]:
                 for s in ("valid", "test")
             )
             lines.append(
-                f"{exact['row']}: exact valid {exact['valid_ppl']:.1f}, test {exact['test_ppl']:.1f}, "
+                f"{exact['row']}: exact ({precision}) valid {exact['valid_ppl']:.1f}, test {exact['test_ppl']:.1f}, "
                 f"{exact['epochs']:.0f} epochs, {exact[cost]:.1f} min; sampled (k={how.get('optim.samples')}, "
                 f"{how.get('optim.proposal')} proposal, {how.get('optim.estimator')}) {diffs}, "
                 f"{sampled['epochs']:.0f} epochs, {sampled[cost]:.1f} min{' in fit' if cost == 'fit_minutes' else ''}: "
