@@ -127,16 +127,16 @@ def sampled_vs_exact(table: pd.DataFrame) -> list[str]:
     """Each trained MLP configuration run both ways: its sampled training against its exact training, on the
     exact perplexities of both, with epochs, wall time and the speed-up (exact minutes / sampled minutes)."""
     trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
-    pairs: dict[str, dict[str, pd.Series]] = {}
+    pairs: dict[str, dict[str, tuple[pd.Series, dict]]] = {}
     for _, row in trained.iterrows():
         config = json.loads(row["config"])
         model = json.dumps({k: v for k, v in config.items() if k not in HOW_TRAINED})
-        pairs.setdefault(model, {})[config.get("optim.output", "exact")] = row
+        pairs.setdefault(model, {})[config.get("optim.output", "exact")] = (row, config)
     lines = []
     for both in pairs.values():
         if {"exact", "sampled"} <= set(both):
-            exact, sampled = both["exact"], both["sampled"]
-            how, precision = json.loads(sampled["config"]), json.loads(exact["config"]).get("trainer.precision")
+            (exact, exact_config), (sampled, how) = both["exact"], both["sampled"]
+            precision = exact_config.get("trainer.precision")
             # time in fit where both have it: a run resumed in a later session spans the time between
             cost = "fit_minutes" if pd.notna(exact["fit_minutes"]) and pd.notna(sampled["fit_minutes"]) else "minutes"
             speedup = exact[cost] / sampled[cost] if sampled[cost] else np.nan
