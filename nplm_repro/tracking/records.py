@@ -106,6 +106,11 @@ class RunLogger(MLFlowLogger):
     def _end(self, status: str) -> None:
         if self.monitor is not None:
             self.monitor.finish()
+            # MLflow's monitor drops the samples of its last, unfinished window: a run shorter than one
+            # interval would have no system metrics at all. Publish them before the run ends.
+            if last := self.monitor.aggregate_metrics():
+                self.monitor.publish_metrics(last)
+                self.monitor.mlflow_logger.flush()
             self.monitor = None
         super().finalize(status)
 
