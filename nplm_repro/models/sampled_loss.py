@@ -59,8 +59,8 @@ class Proposal:
             )
             with warnings.catch_warnings():  # "sparse CSR support is in beta": the product we use is not
                 warnings.simplefilter("ignore", UserWarning)
-                self.bigram = torch.sparse_csr_tensor(
-                    rows, before, (seen.double() / totals[before]).float(), (vocab_size, vocab_size)
+                self.bigram = torch.sparse_csr_tensor(  # int32 indices: with int64, each product copies them
+                    rows.int(), before.int(), (seen.double() / totals[before]).float(), (vocab_size, vocab_size)
                 )
 
     def to(self, device: torch.device) -> Proposal:
