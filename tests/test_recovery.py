@@ -11,7 +11,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import mlflow
@@ -254,6 +254,41 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
     assert [r.info.status for r in after if r.data.tags.get("sweep")] == ["FINISHED"]  # the same parent run
     finished = sorted(r.data.params["seed"] for r in after if r.info.status == "FINISHED" and "seed" in r.data.params)
     assert finished == ["1", "2"] and {r.info.status for r in after} <= {"FINISHED", "KILLED"}  # none RUNNING
+
+
+@pytest.mark.slow
+def test_sigterm_on_a_sweep_kills_the_runs_it_resumed_from_an_earlier_sweep(brown_path: Path, tmp_path: Path) -> None:
+    """A sweep that differs from the one that started a run (here it adds a seed) resumes that run, which keeps its
+    first parent. SIGTERM on the second sweep: joblib kills its workers outright, and the resumed run ends KILLED
+    too, found by its tag `resumed_in`. It used to stay RUNNING, with nothing running it."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    base = [NPLM_TRAIN, "-m", "study=brown_table1", f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8"]
+    base += [f"tracking.uri={uri}", "trainer.max_epochs=6", "trainer.enable_progress_bar=false"]
+
+    def stop_when(args: list[str], ready: Callable[[list[mlflow.entities.Run]], bool]) -> None:
+        process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not ready(runs_if_any(uri)):
+            assert process.poll() is None and time.monotonic() < deadline, "the sweep ended before it was stopped"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 130 and stderr.strip().splitlines()[-1] == STOPPED, stderr[-3000:]
+
+    def checkpointed(found: list[mlflow.entities.Run]) -> bool:
+        dirs = [Path(r.data.tags["checkpoint_dir"]) for r in found if "checkpoint_dir" in r.data.tags]
+        return any((d / "last.ckpt").is_file() for d in dirs)
+
+    stop_when([*base, "seed=1"], checkpointed)
+    (first,) = [r for r in runs(uri) if "seed" in r.data.params]
+    stop_when([*base, "seed=1,2"], lambda found: len([r for r in found if r.info.status == "RUNNING"]) == 3)
+    after = runs(uri)
+    second_parent = max((r for r in after if r.data.tags.get("sweep")), key=lambda r: r.info.start_time)
+    resumed = MlflowClient(uri).get_run(first.info.run_id)
+    assert [r.info.status for r in after if r.info.status == "RUNNING"] == []
+    assert resumed.info.status == "KILLED"
+    assert resumed.data.tags["resumed_in"] == second_parent.info.run_id  # resumed by the second sweep
+    assert resumed.data.tags["mlflow.parentRunId"] != second_parent.info.run_id
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,11 @@ class RunLogger(MLFlowLogger):
         self._end("success")
 
 
+# Tag of a resumed run: the sweep (parent run id) that resumed it last. A run keeps the parent that started it, and
+# a sweep stopped by SIGTERM or Ctrl-C marks KILLED the runs its killed workers left RUNNING by both tags.
+RESUMED_IN = "resumed_in"
+
+
 def run_name(cfg: DictConfig) -> str:
     """The paper's row (or the model's knobs) and the seed. MLflow's random names repeat under a fixed seed."""
     knobs = {k: v for k, v in cfg.model.items() if k != "_target_"}
@@ -138,7 +143,10 @@ def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra
     reopen run `resume` (status RUNNING again); fails with one line if the store is unusable."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     if resume:
-        mlflow.MlflowClient(uri).update_run(resume, status="RUNNING")
+        client = mlflow.MlflowClient(uri)
+        if cfg.tracking.get("parent_run_id"):  # a sweep other than the run's parent may resume it: see RESUMED_IN
+            client.set_tag(resume, RESUMED_IN, cfg.tracking.parent_run_id)
+        client.update_run(resume, status="RUNNING")
         log.info("MLflow run %s resumed in experiment %r at %s", resume, experiment, redact(uri))
         logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_id=resume)
     else:

@@ -12,7 +12,8 @@ its parent run, so the jobs it finishes land next to those that finished before.
 
 Hydra calls `on_multirun_end` only when every job succeeded; `ends_sweeps` ends the sweep otherwise: FAILED,
 with its report listing the failed rows, after a failed job; KILLED after Ctrl-C or SIGTERM, and with it the
-runs of joblib's workers, which joblib kills outright (each once its config_lock shows the worker gone).
+runs of joblib's workers, which joblib kills outright (each once its config_lock shows the worker gone), the runs
+it resumed from earlier sweeps included (tag `resumed_in`).
 
 The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`),
 looked up when the sweep ends: tracking does not import the reporting code. It returns the files it wrote and
@@ -35,11 +36,13 @@ from filelock import Timeout
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import get_method
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import interrupted, sigterm_interrupts
 from nplm_repro.tracking.ledger import end_orphans
 from nplm_repro.tracking.locks import config_lock
+from nplm_repro.tracking.records import RESUMED_IN
 from nplm_repro.tracking.store import check_store, ensure_experiment, redact
 
 log = logging.getLogger(__name__)
@@ -162,17 +165,23 @@ class MlflowSweep(Callback):
         )
 
     def end_killed_jobs(self, wait: float = 30.0) -> None:
-        """Mark KILLED this sweep's runs left RUNNING by workers that are gone (their config_lock is free)."""
+        """Mark KILLED the runs this sweep's workers, now gone, left RUNNING (their config_lock is free): its
+        children, and the runs of earlier sweeps it resumed."""
         client = mlflow.MlflowClient(self.uri)
         experiment = client.get_experiment_by_name(self.experiment)
-        query = f"tags.mlflow.parentRunId = '{self.parent_run_id}' and attributes.status = 'RUNNING'"
-        for run in client.search_runs([experiment.experiment_id], query) if experiment else []:
-            key = run.data.tags.get("config_key")
-            try:
-                with config_lock(key, timeout=wait):
-                    end_orphans(self.uri, self.experiment, key)
-            except Timeout:
-                log.warning("run %s: its job still holds its lock after %.0f s; left RUNNING", run.info.run_id, wait)
+        if experiment is None:
+            return
+        for tag in (MLFLOW_PARENT_RUN_ID, RESUMED_IN):
+            query = f"tags.{tag} = '{self.parent_run_id}' and attributes.status = 'RUNNING'"
+            for run in client.search_runs([experiment.experiment_id], query):
+                key = run.data.tags.get("config_key")
+                try:
+                    with config_lock(key, timeout=wait):
+                        end_orphans(self.uri, self.experiment, key)
+                except Timeout:
+                    log.warning(
+                        "run %s: its job still holds its lock after %.0f s; left RUNNING", run.info.run_id, wait
+                    )
 
 
 def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
