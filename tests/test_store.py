@@ -1,4 +1,5 @@
-"""Independent commands started at the same instant on one embedded store: all finish, nothing is lost."""
+"""Independent commands started at the same instant on one embedded store, or in one directory: all finish, nothing
+is lost or shared."""
 
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ from mlflow.store.db.utils import _get_alembic_config
 from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking.ledger import own_dir
 from nplm_repro.tracking.store import check_store
 
 ROWS = ["del_int", "kn3", "kn4", "kn5"]
@@ -52,6 +54,37 @@ def test_four_rows_at_once_on_a_new_then_a_used_store_all_finish(brown_path: Pat
     assert (
         len({(r.data.params["model._target_"], r.data.params.get("model.n"), r.data.params["seed"]) for r in runs}) == 8
     )
+
+
+@pytest.mark.slow
+def test_two_mlps_started_in_the_same_second_in_one_directory_keep_their_own_checkpoints(
+    brown_path: Path, tmp_path: Path
+) -> None:
+    """Hydra names a run's directory by the second: two commands started in the same second from one directory get
+    the same one (forced here with one `hydra.run.dir`). Their runs shared `checkpoints/` (Lightning wrote the second
+    one's as best-v1.ckpt and last-v1.ckpt, so a resume of it would load the other run's last.ckpt, and its artifact
+    was not checkpoints/best.ckpt, which a mixed row fetches)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = [f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8", "trainer.max_epochs=1", "threads=1"]
+    common += [f"tracking.uri={uri}", f"hydra.run.dir={tmp_path}/same-second", "trainer.enable_progress_bar=false"]
+    for code, stderr in at_once([["nplm-train", *common, f"seed={seed}"] for seed in (1, 2)], tmp_path):
+        assert code == 0, stderr[-2000:]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+    dirs = {Path(r.data.tags["checkpoint_dir"]) for r in runs}
+    assert {d.name for d in dirs} == {"checkpoints", "checkpoints-2"}
+    for run in runs:
+        own = Path(run.data.tags["checkpoint_dir"])
+        assert sorted(p.name for p in own.iterdir()) == ["best.ckpt", "last.ckpt"]
+        assert run.data.params["callbacks.model_checkpoint.dirpath"] == str(own)
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/best.ckpt"]
+
+
+def test_a_checkpoint_directory_is_never_given_twice(tmp_path: Path) -> None:
+    wanted = tmp_path / "run" / "checkpoints"
+    given = [own_dir(wanted) for _ in range(3)]
+    assert [d.name for d in given] == ["checkpoints", "checkpoints-2", "checkpoints-3"]
+    assert all(d.is_dir() and not any(d.iterdir()) for d in given)
 
 
 def store_left_mid_upgrade(path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import traceback
 from pathlib import Path
@@ -152,6 +153,25 @@ def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
     return found, dict(run_.data.metrics)
 
 
+def own_dir(path: Path) -> Path:
+    """A new, empty checkpoint directory for one run: `path`, or `path-2`, `path-3`, ... if taken.
+
+    Hydra names output directories by the second, so two commands started in the same second in the same
+    directory share one; their runs would then share `checkpoints/`, and a resume could load the other's
+    last.ckpt. `mkdir` is atomic: of two processes, only one gets each name.
+    """
+    base = path.resolve()
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for candidate in itertools.chain([base], (base.with_name(f"{base.name}-{i}") for i in itertools.count(2))):
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        if candidate != base:
+            log.info("checkpoints: %s is another run's, this run's are in %s", base, candidate)
+        return candidate
+
+
 def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> tuple[str, dict[str, float]]:
     """Fit or train the model and record it as one MLflow run (tagged with its config_key and `tags`).
 
@@ -170,7 +190,7 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
         fit, tags["model_key"] = train_neural, model_key(cfg, corpus.fingerprint)
         if cfg.callbacks.get("model_checkpoint"):
             resume = None if cfg.rerun else find_resumable(cfg.tracking.uri, cfg.tracking.experiment, key)
-            checkpoints = resume[1].parent if resume else Path(cfg.callbacks.model_checkpoint.dirpath).resolve()
+            checkpoints = resume[1].parent if resume else own_dir(Path(cfg.callbacks.model_checkpoint.dirpath))
             cfg.callbacks.model_checkpoint.dirpath = tags["checkpoint_dir"] = str(checkpoints)
             if resume:
                 log.info("resuming run %s from %s", *resume)
