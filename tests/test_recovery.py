@@ -50,6 +50,11 @@ def runs_if_any(uri: str) -> list[mlflow.entities.Run]:
     return client.search_runs([experiment.experiment_id]) if experiment else []
 
 
+def running(uri: str) -> int:
+    """How many runs of experiment brown are RUNNING."""
+    return len([r for r in runs_if_any(uri) if r.info.status == "RUNNING"])
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
     workdir = tmp_path_factory.mktemp("uninterrupted")
@@ -64,26 +69,36 @@ def stderr_tail(result: subprocess.CompletedProcess) -> str:
     return result.stderr[-3000:]
 
 
-def stop_mid_second_epoch(args: list[str], workdir: Path, uri: str, how: signal.Signals) -> subprocess.CompletedProcess:
-    """Start the command; once epoch 1's last.ckpt exists and MLflow holds a training step past it
-    (train_loss_step, every 50 steps of about 235 an epoch), send `how`: training is then inside epoch 2."""
+def stop_when(
+    args: list[str], workdir: Path, ready: Callable[[], bool], how: signal.Signals = signal.SIGTERM
+) -> subprocess.CompletedProcess:
+    """Start the command; once `ready()`, send `how`, and wait for the command to end."""
     process = subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-
-    def wait() -> None:
-        assert process.poll() is None and time.monotonic() < deadline, "the run ended before epoch 2 was under way"
+    while not ready():
+        assert process.poll() is None and time.monotonic() < deadline, "the command ended before it was stopped"
         time.sleep(0.05)
-
-    while not (checkpoints := list(workdir.glob("outputs/*/*/checkpoints/last.ckpt"))):
-        wait()
-    saved_at = torch.load(checkpoints[0], weights_only=False)["global_step"]
-    (run,) = runs(uri)
-    client = MlflowClient(uri)
-    while max((m.step for m in client.get_metric_history(run.info.run_id, "train_loss_step")), default=0) <= saved_at:
-        wait()
     process.send_signal(how)
     stdout, stderr = process.communicate(timeout=120)
     return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+def stop_mid_second_epoch(args: list[str], workdir: Path, uri: str, how: signal.Signals) -> subprocess.CompletedProcess:
+    """Once epoch 1's last.ckpt exists and MLflow holds a training step past it (train_loss_step, every 50 steps
+    of about 235 an epoch), send `how`: training is then inside epoch 2."""
+    saved_at = None
+
+    def in_epoch_2() -> bool:
+        nonlocal saved_at
+        if saved_at is None:
+            if not (checkpoints := list(workdir.glob("outputs/*/*/checkpoints/last.ckpt"))):
+                return False
+            saved_at = torch.load(checkpoints[0], weights_only=False)["global_step"]
+        (run,) = runs(uri)
+        history = MlflowClient(uri).get_metric_history(run.info.run_id, "train_loss_step")
+        return max((m.step for m in history), default=0) > saved_at
+
+    return stop_when(args, workdir, in_epoch_2, how)
 
 
 @pytest.mark.parametrize(
@@ -233,15 +248,9 @@ def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_i
     sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
     sweep += [f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
     sweep += ["trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
-    process = subprocess.Popen(sweep, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while len([r for r in runs_if_any(uri) if r.info.status == "RUNNING"]) < 3:  # the parent and both jobs
-        assert process.poll() is None and time.monotonic() < deadline, "the sweep ended before its jobs were running"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130
-    assert stderr.strip().splitlines()[-1] == STOPPED
+    stopped = stop_when(sweep, tmp_path, lambda: running(uri) >= 3)  # the parent and both jobs
+    assert stopped.returncode == 130
+    assert stopped.stderr.strip().splitlines()[-1] == STOPPED
     by_seed = {r.data.params.get("seed", "parent"): r for r in runs(uri)}
     assert by_seed.pop("parent").info.status == "KILLED"
     assert {r.info.status for r in by_seed.values()} == {"KILLED"}
@@ -265,23 +274,17 @@ def test_sigterm_on_a_sweep_kills_the_runs_it_resumed_from_an_earlier_sweep(brow
     base = [NPLM_TRAIN, "-m", "study=brown_table1", f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8"]
     base += [f"tracking.uri={uri}", "trainer.max_epochs=6", "trainer.enable_progress_bar=false"]
 
-    def stop_when(args: list[str], ready: Callable[[list[mlflow.entities.Run]], bool]) -> None:
-        process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 300
-        while not ready(runs_if_any(uri)):
-            assert process.poll() is None and time.monotonic() < deadline, "the sweep ended before it was stopped"
-            time.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=120)
-        assert process.returncode == 130 and stderr.strip().splitlines()[-1] == STOPPED, stderr[-3000:]
-
-    def checkpointed(found: list[mlflow.entities.Run]) -> bool:
-        dirs = [Path(r.data.tags["checkpoint_dir"]) for r in found if "checkpoint_dir" in r.data.tags]
+    def checkpointed() -> bool:
+        dirs = [Path(r.data.tags["checkpoint_dir"]) for r in runs_if_any(uri) if "checkpoint_dir" in r.data.tags]
         return any((d / "last.ckpt").is_file() for d in dirs)
 
-    stop_when([*base, "seed=1"], checkpointed)
+    def stopped(seeds: str, ready: Callable[[], bool]) -> None:
+        result = stop_when([*base, f"seed={seeds}"], tmp_path, ready)
+        assert result.returncode == 130 and result.stderr.strip().splitlines()[-1] == STOPPED, result.stderr[-3000:]
+
+    stopped("1", checkpointed)
     (first,) = [r for r in runs(uri) if "seed" in r.data.params]
-    stop_when([*base, "seed=1,2"], lambda found: len([r for r in found if r.info.status == "RUNNING"]) == 3)
+    stopped("1,2", lambda: running(uri) == 3)
     after = runs(uri)
     second_parent = max((r for r in after if r.data.tags.get("sweep")), key=lambda r: r.info.start_time)
     resumed = MlflowClient(uri).get_run(first.info.run_id)
