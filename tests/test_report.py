@@ -518,7 +518,8 @@ def recipe_job(name: str) -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def recipe_store(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """brown_recipe's eight jobs beside brown_table1's fast rows (two seeds of MLP5), an optim=paper attempt of
-    Table 1 (not a fast row), two n-gram rows; and, on other data, a paper-recipe MLP5 with no Table 1 beside it."""
+    Table 1 (not a fast row), two n-gram rows; and, on other data, a paper-recipe MLP5 with no Table 1 beside it
+    and a paper-recipe MLP9 still running."""
     workdir = tmp_path_factory.mktemp("recipe")
     uri = store_in(workdir, empty_store)
     client = MlflowClient(uri)
@@ -542,6 +543,7 @@ def recipe_store(empty_store: Path, tmp_path_factory: pytest.TempPathFactory) ->
     for i, (name, (ppl, epochs)) in enumerate(jobs.items()):
         log_run(client, brown, recipe_job(name), 10 + i, ppl=ppl, epochs=epochs, study="brown_recipe")
     log_run(client, brown, recipe_job("mlp5_paper"), 9, ppl=(1, 2, 3), fingerprint=FP_OLD, study="brown_recipe")
+    log_run(client, brown, recipe_job("mlp9_paper"), 8, status="RUNNING", fingerprint=FP_OLD, study="brown_recipe")
     return uri
 
 
@@ -567,6 +569,9 @@ def test_brown_recipe_sets_the_paper_recipe_beside_the_paper_and_table1s_fast_ro
     assert other.recipe.fast_from.startswith("optim=fast rows: absent")
     assert other.recipe.targets[-1].endswith("no counted n-gram row of brown_table1 in this store to compare with")
     assert set(other.recipe.beside["valid, fast"]) == {"absent"}
+    assert other.recipe.targets[1] == "MLP9, optim=paper: running"  # not "not run" while it trains
+    assert list(other.recipe.beside["test, paper recipe"]) == ["3.0", "not run", "running", "not run"]
+    assert list(other.recipe.ablation["valid"]) == ["2.0", "not run", "not run", "not run", "not run"]
 
 
 def test_brown_recipe_orders_the_steps_from_paper_to_fast_and_names_the_one_that_moved_most(recipe_store: str) -> None:

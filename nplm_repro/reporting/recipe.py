@@ -89,6 +89,12 @@ def _rows(table: pd.DataFrame, step: Step) -> pd.DataFrame:
     return finished.drop_duplicates("row").set_index("row")
 
 
+def _unfinished(table: pd.DataFrame, step: Step, row: str) -> str:
+    """What a paper row of a step shows until it has a finished run: running, or not run."""
+    ours = table[(table["config"].map(step_of) == step) & (table["row"] == row)]
+    return "running" if (ours["running"] > 0).any() else "not run"
+
+
 def _pct(value: float) -> str:
     return f"{value:+.1%}" if present(value) else ""
 
@@ -135,7 +141,7 @@ def beside(table: pd.DataFrame, table1: pd.DataFrame | None) -> pd.DataFrame:
             theirs = paper.loc[row, f"paper_{split}_ppl"]
             mine = run[f"{split}_ppl"] if run is not None else np.nan
             record |= {
-                f"{split}, paper recipe": _ppl(mine) or "not run",
+                f"{split}, paper recipe": _ppl(mine) or _unfinished(table, STEPS[0], row),
                 f"{split}, paper": f"{theirs:g}",
                 f"{split} diff": _pct(mine / theirs - 1),
             }
@@ -156,7 +162,8 @@ def ablation(table: pd.DataFrame) -> pd.DataFrame:
         run = rows.loc["MLP5"] if "MLP5" in rows.index else None
         record = {"step": f"{i}. {step.name}", "change": step.change}
         if run is None:
-            records.append(record | {"valid": "not run", "test": "not run"})
+            state = _unfinished(table, step, "MLP5")
+            records.append(record | {"valid": state, "test": state})
             continue
         against = before[0] if before is not None else ""
         for split in ("valid", "test"):
@@ -193,7 +200,7 @@ def targets(table: pd.DataFrame, history: dict[str, list[tuple[str, list[float]]
     lines = []
     for row in TARGET_ROWS:
         if row not in ours.index:
-            lines.append(f"{row}, optim=paper: not run")
+            lines.append(f"{row}, optim=paper: {_unfinished(table, STEPS[0], row)}")
             continue
         run = ours.loc[row]
         diffs = {s: run[f"{s}_ppl"] / paper.loc[row, f"paper_{s}_ppl"] - 1 for s in ("valid", "test")}
