@@ -255,6 +255,18 @@ def test_several_seeds_are_mean_and_std_of_the_newest_finished_run_of_each_seed(
     assert [values for _, values in table1.history["MLP1"]] == [[300, 290, 280], [300, 290, 282], [300, 290, 284]]
 
 
+def test_epochs_a_resumed_run_replayed_count_once_in_its_curve(empty_store: Path, tmp_path: Path) -> None:
+    """Resumed from its best epoch's checkpoint (Lightning writes last.ckpt only with a new best), a run logs the
+    epochs after it again, at the same steps: the curve keeps each epoch's last value."""
+    uri = store_in(tmp_path, empty_store)
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(tmp_path / "mlruns"))
+    run_id = log_run(client, brown, ("experiment=mlp5",), 1, ppl=(180, 280, 260), epochs=(300, 280, 285))
+    client.log_batch(run_id, metrics=[Metric("valid_ppl_epoch", 284.0, T0 + 1000, 2)])  # epoch 3, replayed
+    shown = pd.DataFrame([{"family": "mlp", "mix": "no", "status": "finished", "label": "MLP5", "run_ids": run_id}])
+    assert tables.history(uri, shown) == {"MLP5": [(run_id, [300.0, 280.0, 284.0])]}
+
+
 def test_a_running_row_is_shown_as_running_never_as_a_number(states: dict[str, str], table1: Report) -> None:
     mlp3 = row(table1, "MLP3")
     assert mlp3["status"] == "running" and np.isnan(mlp3["valid_ppl"]) and np.isnan(mlp3["test_ppl"])

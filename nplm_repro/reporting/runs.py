@@ -264,7 +264,9 @@ def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[flo
         curves[row.label] = []
         for run_id in row.run_ids.split():
             points = sorted(client.get_metric_history(run_id, "valid_ppl_epoch"), key=lambda m: (m.step, m.timestamp))
-            curves[row.label].append((run_id, [m.value for m in points]))
+            # a run resumed from an earlier checkpoint logs the epochs it replays again: each epoch's last value
+            epochs = {m.step: m.value for m in points}
+            curves[row.label].append((run_id, list(epochs.values())))
     return curves
 
 
