@@ -214,14 +214,18 @@ def targets(table: pd.DataFrame, history: dict[str, list[tuple[str, list[float]]
     return lines
 
 
+def _ratio(rows: pd.DataFrame | pd.Series, of: str = "") -> pd.Series | float:
+    """Test over valid perplexity of rows (of="paper_": the paper's)."""
+    return rows[f"{of}test_ppl"] / rows[f"{of}valid_ppl"]
+
+
 def test_over_valid(table: pd.DataFrame, table1: pd.DataFrame | None) -> str:
     """Test over valid perplexity, ours and the paper's, of the paper-recipe MLPs and of brown_table1's counted rows
     (n-gram, which no training recipe changes): how our test split relates to our valid split whatever the model,
     the yardstick for a target missed on test alone."""
     ours, paper = _rows(table, STEPS[0]), paper_table(TABLE1).set_index("row")
     mlps = [
-        f"{row} {ours.loc[row, 'test_ppl'] / ours.loc[row, 'valid_ppl']:.3f} "
-        f"(paper {paper.loc[row, 'paper_test_ppl'] / paper.loc[row, 'paper_valid_ppl']:.3f})"
+        f"{row} {_ratio(ours.loc[row]):.3f} (paper {_ratio(paper.loc[row], 'paper_'):.3f})"
         for row in TARGET_ROWS
         if row in ours.index
     ]
@@ -229,8 +233,7 @@ def test_over_valid(table: pd.DataFrame, table1: pd.DataFrame | None) -> str:
     counted = None if table1 is None else table1[(table1["family"] != "mlp") & (table1["status"] == "finished")]
     if counted is None or counted.empty:
         return f"{line}; no counted n-gram row of brown_table1 in this store to compare with"
-    mine = (counted["test_ppl"] / counted["valid_ppl"]).mean()
-    theirs = (counted["paper_test_ppl"] / counted["paper_valid_ppl"]).mean()
+    mine, theirs = _ratio(counted).mean(), _ratio(counted, "paper_").mean()
     return (
         f"{line}; brown_table1's n-gram rows, which no recipe changes: {mine:.3f} (paper {theirs:.3f}, mean of "
         f"{len(counted)} rows): their test too sits {1 - mine / theirs:.1%} lower against valid here than in the paper"
