@@ -7,14 +7,18 @@ of test_train.py; here git is pointed at a throwaway repository (GIT_DIR, GIT_WO
 
 import os
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mlflow
 import pytest
 from helpers import SLICE, run_script
+from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from nplm_repro.tracking.records import git_state
+from nplm_repro.tracking.records import git_state, log_corpus
 from nplm_repro.tracking.store import EXPERIMENT_KIND, ensure_experiment, redact
 
 SECRET = "s3cret-Pa55"
@@ -135,3 +139,23 @@ def test_a_password_in_the_store_uri_reaches_neither_the_store_nor_the_logs(brow
         for run in runs:  # the job's and the sweep's parent
             recorded += [*run.data.params.values(), *run.data.tags.values()]
     assert len(runs) == 2 and not [text for text in recorded if SECRET in text]
+
+
+def test_runs_that_log_one_corpus_at_once_all_link_to_it(tmp_path: Path) -> None:
+    """A sweep's jobs start together and log the same corpus. MLflow's store checks, then inserts the dataset, so
+    without a retry most of eight simultaneous runs fail on its unique key (the CI failure on PostgreSQL)."""
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.create_experiment("brown")
+    runs = [client.create_run(experiment).info.run_id for _ in range(8)]
+    source = Dataset("brown", "fingerprint", "local", '{"uri": "brown.zip"}')
+    corpus = DatasetInput(source, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])
+    together = threading.Barrier(len(runs))
+
+    def log(run_id: str) -> None:
+        together.wait()
+        log_corpus(client, run_id, corpus)
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        list(pool.map(log, runs))
+    linked = [[i.dataset.digest for i in client.get_run(run).inputs.dataset_inputs] for run in runs]
+    assert linked == [["fingerprint"]] * len(runs)

@@ -14,13 +14,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import lightning as L
 import mlflow
 import pytest
 import torch
-from helpers import SWEEPS, console_script, data_slice
+from helpers import SWEEPS, composed, console_script, data_slice
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.errors import NplmError
+from nplm_repro.models.training import fit_callbacks
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.ledger import ORPHANED
 
@@ -519,3 +521,32 @@ def test_kill_9_during_a_mixed_row_is_recovered_by_the_same_command(brown_path: 
     assert "RUNNING" not in statuses and statuses.count("FINISHED") == 2
     mixture = next(r for r in runs(uri) if r.data.params.get("model.mix") == "fixed")
     assert mixture.data.tags["base_run_id"] in {r.info.run_id for r in runs(uri) if r.info.status == "FINISHED"}
+
+
+class ScriptedValidation(L.LightningModule):
+    """One weight to train, and a validation perplexity read from a script, one value per epoch."""
+
+    def __init__(self, script: list[float]) -> None:
+        super().__init__()
+        self.w, self.script = torch.nn.Parameter(torch.zeros(1)), script
+
+    def training_step(self, batch: list[torch.Tensor], _: int) -> torch.Tensor:
+        return (self.w - batch[0]).pow(2).mean()
+
+    def validation_step(self, batch: list[torch.Tensor], _: int) -> None:
+        self.log("valid_ppl_epoch", self.script[self.current_epoch])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_the_resume_point_is_the_last_epoch_even_when_it_was_not_the_best(tmp_path: Path) -> None:
+    """With conf/callbacks/default.yaml's callbacks, last.ckpt holds the latest epoch and best.ckpt the best one.
+    Lightning 2.6's own save_last wrote last.ckpt only with a new best: a killed run went back to its best epoch."""
+    cfg = composed(f"callbacks.model_checkpoint.dirpath={tmp_path}", "trainer.enable_progress_bar=false")
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 1)), batch_size=2)
+    trainer = L.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, callbacks=fit_callbacks(cfg))
+    trainer.fit(ScriptedValidation([300.0, 310.0, 320.0]), data, data)
+    epoch = {name: torch.load(tmp_path / name, weights_only=False)["epoch"] for name in ("best.ckpt", "last.ckpt")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert epoch == {"best.ckpt": 0, "last.ckpt": 2}

@@ -7,7 +7,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
@@ -16,10 +16,30 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
 from nplm_repro.models.lightning_module import NPLMModule, TokenProbs
 
-# Early stopping acts on the validations that happened: Lightning's default would also check at the end of a
-# training epoch cut short by max_steps (no validation, so no metric: an error). For whole epochs the decisions
-# are the same, so this is no part of a run's config (nor of its key).
-ACTS_ON = {"early_stopping": {"check_on_train_epoch_end": False}}
+# How callbacks act, never what a run computes, so no part of its config (nor of its key):
+# - early stopping acts on the validations that happened: Lightning's default would also check at the end of a
+#   training epoch cut short by max_steps (no validation, so no metric: an error);
+# - Lightning 2.6's save_last writes last.ckpt only when the monitored checkpoint is saved, i.e. with a new best,
+#   so a killed run would resume from its best epoch and train the later ones again: `resume_point` writes it.
+ACTS_ON = {"early_stopping": {"check_on_train_epoch_end": False}, "model_checkpoint": {"save_last": False}}
+
+
+def resume_point(best: DictConfig) -> ModelCheckpoint:
+    """last.ckpt, written after every epoch beside the best checkpoint: where a killed run resumes."""
+    last = ModelCheckpoint.CHECKPOINT_NAME_LAST
+    return ModelCheckpoint(dirpath=best.dirpath, filename=last, save_top_k=1, enable_version_counter=False)
+
+
+def fit_callbacks(cfg: DictConfig) -> list[Callback]:
+    """The config's callbacks (no progress bar when bars are off), the resume point if `save_last`, and a Timer."""
+    bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
+    kept = {name: c for name, c in cfg.callbacks.items() if bars or name != "progress_bar"}
+    callbacks = [instantiate(c, **ACTS_ON.get(name, {})) for name, c in kept.items()]
+    if cfg.callbacks.model_checkpoint.get("save_last"):
+        callbacks.append(resume_point(cfg.callbacks.model_checkpoint))
+    if cfg.trainer.get("max_time") is None:  # with max_time, Lightning adds its own Timer
+        callbacks.append(Timer())  # the fit's wall time, carried across resumes in the checkpoint
+    return callbacks
 
 
 def train_neural(cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: Path | None = None) -> dict[str, float]:
@@ -28,13 +48,7 @@ def train_neural(cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: P
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
     architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
     module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
-    bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
-    callbacks = [
-        instantiate(c, **ACTS_ON.get(name, {})) for name, c in cfg.callbacks.items() if bars or name != "progress_bar"
-    ]
-    if cfg.trainer.get("max_time") is None:  # with max_time, Lightning adds its own Timer
-        callbacks.append(Timer())  # the fit's wall time, carried across resumes in the checkpoint
-    trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=callbacks)
+    trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=fit_callbacks(cfg))
     trainer.fit(
         module,
         train_dataloaders=loader(corpus, "train", n, cfg.optim.batch_size, shuffle=True, seed=cfg.seed),

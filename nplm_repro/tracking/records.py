@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,8 @@ import mlflow
 import pandas as pd
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.entities import Dataset, DatasetInput, InputTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT
 from omegaconf import DictConfig, OmegaConf
 
@@ -77,6 +80,20 @@ def corpus_input(cfg: DictConfig, corpus: Corpus) -> DatasetInput:
         corpus.name, corpus.fingerprint, "local", json.dumps({"uri": source}), profile=json.dumps(profile)
     )
     return DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "training")])
+
+
+def log_corpus(client: MlflowClient, run_id: str, corpus: DatasetInput, attempts: int = 3) -> None:
+    """Link the run to its corpus dataset. MLflow's store looks the dataset up and then inserts it, so jobs of one
+    sweep that start together can all insert it, and all but one fail on its unique key (PostgreSQL and SQLite
+    alike). The winner's row is then there: a retry links to it instead."""
+    for attempt in range(1, attempts + 1):
+        try:
+            client.log_inputs(run_id, datasets=[corpus])
+            return
+        except MlflowException:
+            if attempt == attempts:
+                raise
+            time.sleep(0.1 * attempt)
 
 
 def check_system_metrics(cfg: DictConfig) -> None:
@@ -173,7 +190,7 @@ def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> Run
     try:
         logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_name=name, tags=tags)
         logger.log_hyperparams(params)
-        logger.experiment.log_inputs(logger.run_id, datasets=[corpus_input(cfg, corpus)])
+        log_corpus(logger.experiment, logger.run_id, corpus_input(cfg, corpus))
         if diff:
             logger.experiment.log_text(logger.run_id, redact(diff), "git_diff.patch")
     except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
