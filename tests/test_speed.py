@@ -69,6 +69,7 @@ def one_epoch_valid_ppl(brown_path: Path, tmp_path: Path, key: str, values: list
     return {r.data.params[key]: r.data.metrics["valid_ppl"] for r in runs}
 
 
+@pytest.mark.slow  # two trainings of one epoch: ~25 s
 @pytest.mark.skipif(
     resolve("auto", "cpu")[0] != "bf16-mixed",
     reason="bfloat16 is slower than float32 on this CPU (precision=auto never trains in it here)",
