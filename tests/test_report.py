@@ -256,8 +256,8 @@ def test_several_seeds_are_mean_and_std_of_the_newest_finished_run_of_each_seed(
 
 
 def test_epochs_a_resumed_run_replayed_count_once_in_its_curve(empty_store: Path, tmp_path: Path) -> None:
-    """Resumed from its best epoch's checkpoint (Lightning writes last.ckpt only with a new best), a run logs the
-    epochs after it again, at the same steps: the curve keeps each epoch's last value."""
+    """Resumed from an earlier epoch's checkpoint (runs before resume_point resumed from their best epoch), a run
+    logs the epochs after it again, at the same steps: the curve keeps each epoch's last value."""
     uri = store_in(tmp_path, empty_store)
     client = MlflowClient(uri)
     brown = client.create_experiment("brown", artifact_location=str(tmp_path / "mlruns"))
