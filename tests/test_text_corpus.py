@@ -270,7 +270,7 @@ def test_brown_read_as_text_is_the_brown_stream(brown_path: Path, tmp_path: Path
             write(tmp_path / name, raw)
             untagged = (" ".join(i.rsplit("/", 1)[0] for i in line.split()) for line in raw.decode().splitlines())
             write(tmp_path / "plain" / name, "\n".join(untagged))
-    tokens, counted = read_brown(tmp_path / "brown")
+    tokens, counted, _ = read_brown(tmp_path / "brown")
     corpus = prepare_text(str(tmp_path / "brown"), max_unk_freq=0, vocab_from="stream", train=5000, valid=1000)
     assert words(corpus) == tokens and corpus.counts["tagged_files"] == 3
     assert (corpus.counts["paragraphs"], corpus.counts["words"]) == (counted["paragraphs"], counted["words"])

@@ -29,6 +29,7 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import windows
 from nplm_repro.errors import NplmError
 from nplm_repro.perplexity import perplexity_of
+from nplm_repro.scores import KEPT_SPLITS, Scores
 
 # ngram-count's defaults -gt1min 1 -gt2min 1 -gt3min 2 (and 2 for every higher order): with -kndiscount
 # they drop the n-grams of order >= 3 whose (modified) count is 1, their mass going to the back-off.
@@ -376,16 +377,21 @@ class KneserNey(NgramModel):
         return info
 
 
-def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: Logger) -> dict[str, float]:
-    """Count on train (weights by EM on valid where the model has them), score every split."""
+def fit_ngram(cfg: DictConfig, corpus: Corpus, logger: Logger) -> tuple[dict[str, float], Scores]:
+    """Count on train (weights by EM on valid where the model has them), score every split; returns the metrics and
+    the kept scores of valid and test."""
     model: NgramModel = instantiate(cfg.model, _convert_="all")
     start = time.perf_counter()
     model.fit(corpus)
     metrics = {"fit_seconds": time.perf_counter() - start}
+    kept = {}
     for split in SPLITS:
-        metrics[f"{split}_ppl"] = model.perplexity(corpus, split)
+        probs = model.token_probs(corpus, split)
+        metrics[f"{split}_ppl"] = perplexity_of(probs)
         metrics[f"{split}_tokens"] = float(corpus.size(split))
+        if split in KEPT_SPLITS:
+            kept[split] = np.log(probs)
     metrics["score_seconds"] = time.perf_counter() - start - metrics["fit_seconds"]
     logger.log_hyperparams({f"fit.{k}".replace("+", "plus"): v for k, v in model.describe().items()})
     logger.log_metrics(metrics)
-    return metrics
+    return metrics, Scores.of(corpus.text_names(), kept, {s: corpus.text_ids(s) for s in kept})

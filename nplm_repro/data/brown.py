@@ -87,8 +87,21 @@ def _words(line: str) -> list[str]:
     return [item.rsplit("/", 1)[0] for item in line.split()]
 
 
-def read_brown(source: Path) -> tuple[list[str], Counter]:
-    """The paper's token stream and what was counted (texts, paragraphs, words)."""
+def brown_text(text: str) -> tuple[list[str], Counter]:
+    """One text as Brown's stream has it: its paragraphs' words, `<eop>` after each, `<eot>` at its end; and what
+    was counted (paragraphs, words). Also how `nplm-score --text` reads a user's file for a run on Brown."""
+    tokens: list[str] = []
+    counted: Counter = Counter()
+    for paragraph in split_paragraphs(text.splitlines(), _words):
+        tokens += [*paragraph, END_OF_PARAGRAPH]
+        counted["words"] += len(paragraph)
+        counted["paragraphs"] += 1
+    tokens.append(END_OF_TEXT)
+    return tokens, counted
+
+
+def read_brown(source: Path) -> tuple[list[str], Counter, tuple[str, ...]]:
+    """The paper's token stream, what was counted (texts, paragraphs, words) and the names of its texts (ca01 ...)."""
     files = read_members(_holding_texts(source), _is_text)
     if not files:
         raise NplmError(f"{source}: no Brown texts (ca01..cr09) found; {HOW_TO_GET_BROWN}")
@@ -99,15 +112,13 @@ def read_brown(source: Path) -> tuple[list[str], Counter]:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as error:
             raise NplmError(f"{source}: {name.rsplit('/', 1)[-1]} is not UTF-8 at byte {error.start}") from error
-        for paragraph in split_paragraphs(text.splitlines(), _words):
-            tokens += [*paragraph, END_OF_PARAGRAPH]
-            counted["words"] += len(paragraph)
-            counted["paragraphs"] += 1
-        tokens.append(END_OF_TEXT)
+        words, found = brown_text(text)
+        tokens += words
+        counted.update(found)
         counted["texts"] += 1
     if counted["words"] == 0:
         raise NplmError(f"{source}: the corpus is empty (no words in {len(files)} texts)")
-    return tokens, counted
+    return tokens, counted, tuple(re.split("[/:]", name)[-1] for name, _ in files)
 
 
 def prepare_brown(
@@ -121,11 +132,11 @@ def prepare_brown(
     """Brown as the paper streams it, with frequencies counted on `vocab_from` ('stream' or 'train')."""
     check_vocab_from(vocab_from)
     source = find_brown(path)
-    tokens, counted = read_brown(source)
+    tokens, counted, texts = read_brown(source)
     bounds = split_bounds(len(tokens), train, valid, test)
     tokens = tokens[: bounds["test"][1]]
     vocabulary = partial(build_vocab, max_unk_freq=max_unk_freq)
-    corpus = make_corpus(Corpus, "brown", tokens, bounds, counted, vocabulary, vocab_from, source.name)
+    corpus = make_corpus(Corpus, "brown", tokens, bounds, counted, vocabulary, vocab_from, source.name, texts=texts)
     log.info("read %s", source)
     log.info("%s", corpus.summary())
     return corpus

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from nplm_repro.data.splits import SPLITS
@@ -42,6 +43,19 @@ class Corpus:
     counts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)  # preprocessing switches (text corpora)
     source: str = ""  # what was read: file name (and member prefix)
+    texts: tuple[str, ...] = ()  # the names of its texts in stream order (Brown's ca01 ...); else their index
+
+    def text_ids(self, split: str) -> np.ndarray:
+        """int32 [size of split]: the text each token belongs to, as the number of texts that ended (`<eot>`) before
+        it in the stream; a text's `<eot>` is its own last token. What an interval over texts resamples."""
+        ends = (self.ids == self.vocab.index(END_OF_TEXT)).to(torch.int32)
+        start, end = self.bounds[split]
+        return (torch.cumsum(ends, 0) - ends)[start:end].numpy().astype(np.int32)
+
+    def text_names(self) -> tuple[str, ...]:
+        """A name for every text of the stream: `texts` where the reader named them, else the file's index."""
+        count = int((self.ids == self.vocab.index(END_OF_TEXT)).sum()) + 1  # the last may be cut off by the split
+        return tuple(self.texts[i] if i < len(self.texts) else str(i) for i in range(count))
 
     @property
     def vocab_size(self) -> int:
@@ -135,6 +149,7 @@ def make_corpus(
     vocab_from: str,
     source: str,
     settings: dict[str, Any] | None = None,
+    texts: tuple[str, ...] = (),
 ) -> AnyCorpus:
     """The tail every reader shares: `tokens`, already cut to the end of the test split of `bounds`, as a `kind`
     (Corpus or a subclass). Word frequencies are counted on `vocab_from` (the whole stream or the training split),
@@ -147,4 +162,4 @@ def make_corpus(
     ids = torch.tensor([index.get(w, unk) for w in tokens], dtype=torch.int64)
     types = set(tokens)
     counted.update(types=len(types), unk_types=len(types - index.keys()), unk_tokens=int((ids == unk).sum()))
-    return kind(name, vocab, ids, bounds, dict(counted), settings or {}, source)
+    return kind(name, vocab, ids, bounds, dict(counted), settings or {}, source, texts)

@@ -265,6 +265,32 @@ def _key(symbol: str) -> str:
     return f"{symbol.strip('<>')}_tokens"
 
 
+def preprocess(
+    stream: Stream, train_end: int, numbers: bool, proper_nouns: bool, lowercase: bool
+) -> tuple[list[str], Counter]:
+    """Steps 1-3 of this module's docstring on a stream read: number symbols, proper nouns (judged on the tokens
+    before `train_end` for the words that occur there), lower case; the tokens and what each step counted."""
+    tokens, counted = stream.tokens, stream.counted
+    counted["raw_types"] = len(set(tokens))
+    if numbers:
+        counted.update({_key(symbol): 0 for symbol, _ in NUMBERS})
+        for i, token in enumerate(tokens):
+            if token[0].isdigit() and (symbol := number_symbol(token)):
+                tokens[i] = symbol
+                counted[_key(symbol)] += 1
+    if proper_nouns:
+        heuristic = proper_noun_types(stream, train_end)
+        proper = [tag if tag is not None else t in heuristic for t, tag in zip(tokens, stream.tagged_proper)]
+        counted["proper_types"] = len({t for t, p in zip(tokens, proper) if p})
+        tokens = [PROPER if p else t for t, p in zip(tokens, proper)]
+        counted["proper_tokens"] = tokens.count(PROPER)
+    if lowercase:
+        lowered = [t if t in SYMBOLS else t.lower() for t in tokens]
+        counted["lowercased_tokens"] = sum(a != b for a, b in zip(tokens, lowered))
+        tokens = lowered
+    return tokens, counted
+
+
 def prepare_text(
     path: str | None,
     name: str = "text",
@@ -313,24 +339,7 @@ def prepare_text(
     end, train_end = bounds["test"][1], bounds["train"][1]
     for kept in (stream.tokens, stream.initial, stream.tagged_proper):
         del kept[end:]
-    tokens, counted = stream.tokens, stream.counted
-    counted["raw_types"] = len(set(tokens))
-    if numbers:
-        counted.update({_key(symbol): 0 for symbol, _ in NUMBERS})
-        for i, token in enumerate(tokens):
-            if token[0].isdigit() and (symbol := number_symbol(token)):
-                tokens[i] = symbol
-                counted[_key(symbol)] += 1
-    if proper_nouns:
-        heuristic = proper_noun_types(stream, train_end)
-        proper = [tag if tag is not None else t in heuristic for t, tag in zip(tokens, stream.tagged_proper)]
-        counted["proper_types"] = len({t for t, p in zip(tokens, proper) if p})
-        tokens = [PROPER if p else t for t, p in zip(tokens, proper)]
-        counted["proper_tokens"] = tokens.count(PROPER)
-    if lowercase:
-        lowered = [t if t in SYMBOLS else t.lower() for t in tokens]
-        counted["lowercased_tokens"] = sum(a != b for a, b in zip(tokens, lowered))
-        tokens = lowered
+    tokens, counted = preprocess(stream, train_end, numbers, proper_nouns, lowercase)
     settings = {
         "reader": {"tags": tags, "paragraphs": paragraphs, "drop_lines": sorted(drop_lines)},
         "numbers": numbers,
@@ -347,3 +356,11 @@ def prepare_text(
     corpus = replace(corpus, counts=corpus.counts | {"punctuation_types": kept})
     log.info("%s", corpus.summary())
     return corpus
+
+
+def read_text_tokens(path: Path, data: Any) -> list[str]:
+    """A user's file as a run on a text corpus (`data`, its data config) reads its own: the same reader and
+    preprocessing, proper nouns judged on this file, before any vocabulary (`nplm-score --text`)."""
+    how = {"encoding": data.encoding, "tags": data.tags, "paragraphs": data.paragraphs, "drop": set(data.drop_lines)}
+    stream = read_source(str(path), "--text", None, **how)
+    return preprocess(stream, len(stream.tokens), data.numbers, data.proper_nouns, data.lowercase)[0]

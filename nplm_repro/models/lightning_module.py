@@ -29,7 +29,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from torch.nn import functional as F
 
 from nplm_repro.data.splits import SPLITS
@@ -126,10 +126,11 @@ class NPLMModule(L.LightningModule):
         with self._float32():
             return F.cross_entropy(self.model(context), target, reduction="none")
 
-    def _accumulate(self, batch: tuple[torch.Tensor, torch.Tensor], slot: int) -> None:
+    def _accumulate(self, batch: tuple[torch.Tensor, torch.Tensor], slot: int) -> torch.Tensor:
         nll = self._token_nll(*batch)
         self._nll[slot] += nll.double().sum()  # on the device: no wait for it per batch
         self._tokens[slot] += len(nll)
+        return nll.detach()
 
     def _perplexity(self, slot: int) -> torch.Tensor:
         """A float64 tensor: a Python float would be logged as float32."""
@@ -155,18 +156,17 @@ class NPLMModule(L.LightningModule):
         self._reset()
         self._windows_on_device(self.trainer.test_dataloaders)
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._accumulate(batch, dataloader_idx)
+    def test_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> torch.Tensor:
+        """Adds the batch to its split's perplexity; returns each token's -ln P, which `KeptScores` keeps."""
+        return self._accumulate(batch, dataloader_idx)
 
     def on_test_epoch_end(self) -> None:
         for slot, split in enumerate(SPLITS):
             if self._tokens[slot]:
                 self.log(f"{split}_ppl", self._perplexity(slot), sync_dist=True)
                 self.log(f"{split}_tokens", self._tokens[slot].double(), sync_dist=True)
-
-    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """P(w_t | context) of each target, float64, for mixing with another model token by token."""
-        return torch.exp(-self._token_nll(*batch).double())
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim
@@ -221,27 +221,38 @@ class ProgressBar(TQDMProgressBar):
         return items
 
 
-class TokenProbs(BasePredictionWriter):
-    """Trainer.predict's per-token probabilities written into one float64 array as they come.
+class KeptScores(Callback):
+    """Every token's ln P from `Trainer.test`, one float32 array per kept dataloader, filled as batches come.
 
-    Kept as a list of per-batch tensors (Lightning's default), the small results sit between the |V|-wide
-    blocks of the next batches, the heap fragments and grows, and every batch faults its blocks in anew:
-    millions of page faults, twice the time, on the first pass after training.
+    The scores are the very terms the logged perplexities sum (float32 from the exact softmax), so
+    exp(-mean(scores)) gives the logged perplexity. Preallocated: kept as a list of small per-batch tensors,
+    they would sit between the |V|-wide blocks of the next batches, fragment the heap and fault its pages in anew.
     """
 
-    def __init__(self, tokens: int) -> None:
-        super().__init__("batch")
-        self.probs, self.filled = torch.empty(tokens, dtype=torch.float64), 0
+    def __init__(self) -> None:
+        self.scores: dict[int, torch.Tensor] = {}
+        self._filled: dict[int, int] = {}
 
-    def write_on_batch_end(
+    def expect(self, sizes: dict[int, int]) -> None:
+        """Keep dataloader i's scores in an array of sizes[i] tokens (the others are scored, not kept)."""
+        self.scores = {i: torch.empty(size, dtype=torch.float32) for i, size in sizes.items()}
+        self._filled = dict.fromkeys(sizes, 0)
+
+    def on_test_batch_end(
         self,
         trainer: L.Trainer,
         pl_module: L.LightningModule,
-        prediction: torch.Tensor,
-        batch_indices: Any,
+        outputs: Any,
         batch: Any,
         batch_idx: int,
-        dataloader_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
-        self.probs[self.filled : self.filled + len(prediction)] = prediction
-        self.filled += len(prediction)
+        if dataloader_idx in self.scores:
+            at = self._filled[dataloader_idx]
+            self.scores[dataloader_idx][at : at + len(outputs)] = -outputs.float().cpu()
+            self._filled[dataloader_idx] = at + len(outputs)
+
+    def kept(self, index: int) -> torch.Tensor:
+        if self._filled[index] != len(self.scores[index]):
+            raise RuntimeError(f"dataloader {index}: {self._filled[index]} of {len(self.scores[index])} tokens scored")
+        return self.scores[index]

@@ -1,7 +1,9 @@
-"""Training eq. (1) with Lightning, and its probability of every token of a split, for the run ledger and the bench."""
+"""Training eq. (1) with Lightning, and its score of every token of a split (the run's kept scores, nplm-score)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
@@ -14,7 +16,8 @@ from omegaconf import DictConfig
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
-from nplm_repro.models.lightning_module import NPLMModule, TokenProbs
+from nplm_repro.models.lightning_module import KeptScores, NPLMModule
+from nplm_repro.scores import KEPT_SPLITS, Scores
 
 # How callbacks act, never what a run computes, so no part of its config (nor of its key):
 # - early stopping acts on the validations that happened: Lightning's default would also check at the end of a
@@ -42,13 +45,17 @@ def fit_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
-def train_neural(cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: Path | None = None) -> dict[str, float]:
+def train_neural(
+    cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: Path | None = None
+) -> tuple[dict[str, float], Scores]:
     """Train eq. (1) (or continue from checkpoint `resume_from`), keep the best-validation checkpoint, score every
-    split with it."""
+    split with it (the weights as they are when no validation ran: a run stopped by max_steps before its first);
+    returns the metrics and the kept scores of valid and test, from that one evaluation."""
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
     architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
     module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
-    trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=fit_callbacks(cfg))
+    keep = KeptScores()
+    trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=[*fit_callbacks(cfg), keep])
     trainer.fit(
         module,
         train_dataloaders=loader(corpus, "train", n, cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
@@ -61,18 +68,30 @@ def train_neural(cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: P
     cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
+    keep.expect({SPLITS.index(s): corpus.size(s) for s in KEPT_SPLITS})
+    start = time.perf_counter()
     trainer.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
+    cost["score_seconds"] = time.perf_counter() - start
     if best:
         logger.experiment.log_artifact(logger.run_id, best, "checkpoints")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
     logger.log_metrics(cost)
-    return metrics | cost
+    kept = {s: keep.kept(SPLITS.index(s)).numpy() for s in KEPT_SPLITS}
+    return metrics | cost, Scores.of(corpus.text_names(), kept, {s: corpus.text_ids(s) for s in KEPT_SPLITS})
+
+
+def score_splits(cfg: DictConfig, module: NPLMModule, corpus: Corpus, splits: Sequence[str]) -> dict[str, np.ndarray]:
+    """ln P(w_t | context) of every token of each split (any span of `corpus.bounds`), float32, by the same exact
+    evaluation as a run's own (`Trainer.test`), in this process, on one device."""
+    keep = KeptScores()
+    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto"}
+    trainer = L.Trainer(**one_device, logger=False, enable_checkpointing=False, callbacks=[keep])
+    keep.expect({i: corpus.size(s) for i, s in enumerate(splits)})
+    batches = [loader(corpus, s, cfg.model.n, cfg.data.eval_batch_size) for s in splits]
+    trainer.test(module, batches, verbose=False)
+    return {s: keep.kept(i).numpy() for i, s in enumerate(splits)}
 
 
 def token_probs(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str) -> np.ndarray:
-    """P(w_t | context) of every token of a split, float64, in order (Trainer.predict in this process)."""
-    writer = TokenProbs(corpus.size(split))
-    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto"}
-    trainer = L.Trainer(**one_device, logger=False, enable_checkpointing=False, callbacks=[writer])
-    trainer.predict(module, loader(corpus, split, cfg.model.n, cfg.data.eval_batch_size), return_predictions=False)
-    return writer.probs.numpy()
+    """P(w_t | context) of every token of a split, float64, in order (the bench's mixture line)."""
+    return np.exp(score_splits(cfg, module, corpus, [split])[split].astype(np.float64))

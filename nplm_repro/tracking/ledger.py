@@ -21,16 +21,18 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.baselines.mixture import REMIX, mix_with_trigram
+from nplm_repro.baselines.mixture import mix_with_trigram
 from nplm_repro.baselines.ngram import fit_ngram
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
-from nplm_repro.errors import NplmError, interrupted, one_line
+from nplm_repro.errors import interrupted, one_line
 from nplm_repro.models.precision import resolve
 from nplm_repro.models.training import train_neural
+from nplm_repro.scores import Scores
 from nplm_repro.tracking.keys import config_key, is_neural, model_key
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
+from nplm_repro.tracking.scoring import RunScorer, kept_scores, log_scores
 from nplm_repro.tracking.store import check_store, redact
 
 log = logging.getLogger(__name__)
@@ -82,12 +84,17 @@ def end_orphans(uri: str, experiment: str, config_key: str, keep: str | None = N
             log.warning("run %s of this config was left RUNNING by a process now gone: marked KILLED", run.info.run_id)
 
 
-def base_checkpoint(uri: str, base: str) -> str:
-    """The best checkpoint of the finished MLP run `base`, fetched from its artifacts."""
-    try:
-        return mlflow.artifacts.download_artifacts(run_id=base, artifact_path="checkpoints/best.ckpt", tracking_uri=uri)
-    except mlflow.exceptions.MlflowException:
-        raise NplmError(f"the MLP this row mixes (run {base}) has lost its checkpoints/best.ckpt: {REMIX}") from None
+def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
+    """The kept scores of the finished MLP run `base`: what its own evaluation scored, with its best weights or, for
+    a run stopped before its first validation, its last. A run made before runs kept scores is scored again from
+    its checkpoint, and keeps them from then on (as `nplm-score --log` would)."""
+    client = mlflow.MlflowClient(uri)
+    scores = kept_scores(client, base)
+    if scores is None:
+        log.info("the MLP of run %s kept no scores: scoring it again from its checkpoint", base)
+        scores = RunScorer(uri, base, corpus=corpus).kept()
+        log_scores(client, base, scores)
+    return scores
 
 
 def base_run(cfg: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
@@ -199,13 +206,14 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
         base = base_run(cfg, corpus, tags)
         tags["base_run_id"] = base
 
-        def fit(cfg: DictConfig, corpus: Corpus, logger: MLFlowLogger) -> dict[str, float]:
-            return mix_with_trigram(cfg, corpus, logger, base_checkpoint(cfg.tracking.uri, base), base)
+        def fit(cfg: DictConfig, corpus: Corpus, logger: MLFlowLogger) -> tuple[dict[str, float], Scores]:
+            return mix_with_trigram(cfg, corpus, logger, base_scores(cfg.tracking.uri, base, corpus))
 
     end_orphans(cfg.tracking.uri, cfg.tracking.experiment, key, keep=resume[0] if resume else None)
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
-        metrics = fit(cfg, corpus, logger)
+        metrics, scores = fit(cfg, corpus, logger)
+        log_scores(logger.experiment, logger.run_id, scores)
         logger.experiment.log_text(logger.run_id, redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
         logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
         logger.close()

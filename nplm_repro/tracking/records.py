@@ -3,9 +3,12 @@ diff of a dirty work tree, its name, optionally system metrics, and the logger t
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
+import platform
 import subprocess
 import sys
 import time
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import mlflow
 import pandas as pd
+import torch
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.exceptions import MlflowException
@@ -60,6 +64,39 @@ def git_state() -> tuple[str, str]:
     except (OSError, subprocess.CalledProcessError):
         return "unknown", ""
     return commit + ("+dirty" if diff else ""), diff
+
+
+LIBRARIES = ("torch", "lightning", "mlflow", "hydra-core", "numpy")  # what computed and recorded a number
+# The CPU flags that decide which kernels run, so how fast (and, through rounding, how exactly) a run computes:
+# bfloat16 is emulated without avx512_bf16 or AMX, 4-20 times slower than float32.
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def cpu() -> tuple[str, str]:
+    """The CPU's model (with its family and model numbers, which tell Zen 3 from Zen 4) and its CPU_FLAGS."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if not line.strip():
+                break  # the first processor says it all
+            fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields:
+        name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    flags = set(fields.get("flags", "").split())
+    return name, " ".join(f for f in CPU_FLAGS if f in flags)
+
+
+def environment_tags() -> dict[str, str]:
+    """Where and with what a run computed: Python and library versions, the CPU, torch's threads (the report's
+    reproducibility section; a number is compared across CPUs only with these beside it)."""
+    tags = {"python": platform.python_version(), "torch_threads": str(torch.get_num_threads())}
+    for name in LIBRARIES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            tags[f"version.{name}"] = importlib.metadata.version(name)
+    tags["cpu_model"], tags["cpu_flags"] = cpu()
+    return tags
 
 
 def data_tags(corpus: Corpus) -> dict[str, str]:
@@ -176,7 +213,7 @@ def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra
 def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> RunLogger:
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     commit, diff = git_state()
-    tags = {**data_tags(corpus), "git_commit": commit, "corpus": corpus.name, **extra_tags}
+    tags = {**data_tags(corpus), "git_commit": commit, "corpus": corpus.name, **environment_tags(), **extra_tags}
     if commit != "unknown":  # MLflow's own, the UI's Version column; what '+dirty' adds is git_diff.patch
         tags[MLFLOW_GIT_COMMIT] = commit.removesuffix("+dirty")
     tags |= {"family": family(cfg), "key_version": KEY_VERSION}

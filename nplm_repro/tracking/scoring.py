@@ -1,0 +1,248 @@
+"""A recorded run's score of every token, again: on a split of its data or on a user's text, for `nplm-score`, for a
+mixed row whose MLP kept no scores, and to attach kept scores to runs made before runs kept them (`--log`).
+
+The run is rebuilt from what it recorded, never from the caller's config: its `config.yaml` artifact, its data
+(read again with its own reader and checked against its data fingerprint), and its model: an MLP from its best
+checkpoint, an n-gram counted again (counting is deterministic), a mixed row from its MLP and the trigram with the
+weights fitted again on validation by the same EM. Each scores through the code path of the run's own evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from mlflow.exceptions import MlflowException
+from omegaconf import DictConfig, OmegaConf
+
+from nplm_repro.baselines.mixture import TrigramMixture
+from nplm_repro.baselines.ngram import DeletedInterpolation, NgramModel, split_windows
+from nplm_repro.data.brown import brown_text
+from nplm_repro.data.corpus import UNK, Corpus
+from nplm_repro.data.load import load_corpus
+from nplm_repro.data.text import read_text_tokens
+from nplm_repro.errors import NplmError
+from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.training import score_splits
+from nplm_repro.scores import ARTIFACT, KEPT_SPLITS, Scores
+from nplm_repro.tracking.keys import is_neural
+from nplm_repro.tracking.store import redact, store_error
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoints/best.ckpt"
+TEXT = "text"  # the span a user's text takes in the corpus built around it
+
+
+def _artifacts(client: mlflow.MlflowClient, run_id: str, folder: str = "") -> set[str]:
+    """The paths of a run's artifacts in `folder`; a store that does not answer is an error of its own."""
+    try:
+        return {f.path for f in client.list_artifacts(run_id, folder or None)}
+    except MlflowException as error:
+        raise NplmError(f"the store did not list the artifacts of run {run_id}: {redact(store_error(error))}") from None
+
+
+def _download(client: mlflow.MlflowClient, run_id: str, path: str, into: str) -> str:
+    try:
+        return client.download_artifacts(run_id, path, into)
+    except (MlflowException, OSError) as error:
+        raise NplmError(f"the store did not give {path} of run {run_id}: {redact(store_error(error))}") from None
+
+
+def kept_scores(client: mlflow.MlflowClient, run_id: str) -> Scores | None:
+    """The run's kept scores (artifact scores.npz), or None when it kept none (made before runs kept them)."""
+    if ARTIFACT not in _artifacts(client, run_id):
+        return None
+    with tempfile.TemporaryDirectory() as into:
+        return Scores.load(_download(client, run_id, ARTIFACT, into))
+
+
+def log_scores(client: mlflow.MlflowClient, run_id: str, scores: Scores) -> None:
+    """Attach `scores` to the run as its artifact scores.npz."""
+    with tempfile.TemporaryDirectory() as folder:
+        client.log_artifact(run_id, str(scores.save(Path(folder) / ARTIFACT)))
+
+
+@dataclass
+class Tokens:
+    """What is scored: a span of a corpus (a split, or a user's text in a corpus of its own), as counted."""
+
+    corpus: Corpus
+    span: str
+    unk: int = 0
+    texts: int = 0
+    words: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of_split(cls, corpus: Corpus, split: str) -> Tokens:
+        start, end = corpus.bounds[split]
+        ids = corpus.ids[start:end]
+        texts = len(np.unique(corpus.text_ids(split)))
+        return cls(corpus, split, int((ids == corpus.vocab.index(UNK)).sum()), texts)
+
+    @property
+    def size(self) -> int:
+        return self.corpus.size(self.span)
+
+    def text_ids(self) -> np.ndarray:
+        return self.corpus.text_ids(self.span)
+
+    def rows(self, order: int) -> np.ndarray:
+        return split_windows(self.corpus, self.span, order)
+
+
+class RunScorer:
+    """One FINISHED run of the store, rebuilt to score tokens as it scored its own."""
+
+    def __init__(self, uri: str, run_id: str, data_path: str | None = None, corpus: Corpus | None = None) -> None:
+        """`corpus`: the run's data already read (a mixed row's, for its MLP), used if its fingerprint is the run's."""
+        self.uri, self.client = uri, mlflow.MlflowClient(uri)
+        try:
+            self.run = self.client.get_run(run_id)
+        except MlflowException as error:
+            if "not found" in str(error).lower() or "RESOURCE_DOES_NOT_EXIST" in str(error):
+                raise NplmError(f"no run {run_id} in the store at {redact(uri)}") from None
+            raise NplmError(f"the store at {redact(uri)} did not answer: {redact(store_error(error))}") from None
+        self.run_id, tags = run_id, self.run.data.tags
+        if "data_fingerprint" not in tags:
+            raise NplmError(f"run {run_id} is not an nplm-repro run (it has no data_fingerprint tag)")
+        if self.run.info.status != "FINISHED":
+            raise NplmError(f"run {run_id} is {self.run.info.status}, not FINISHED: only a finished run is scored")
+        self.cfg = self._config()
+        reuse = corpus is not None and corpus.fingerprint == tags["data_fingerprint"]
+        self.corpus = corpus if reuse else self._corpus(data_path)
+        self._module: NPLMModule | None = None
+        self._ngram: NgramModel | None = None
+        self._mixture: TrigramMixture | None = None
+        self._base: RunScorer | None = None
+
+    @property
+    def name(self) -> str:
+        return self.run.data.tags.get("mlflow.runName", self.run_id)
+
+    @property
+    def kind(self) -> str:
+        if not is_neural(self.cfg):
+            return "ngram"
+        return "mlp" if self.cfg.model.get("mix", "none") == "none" else "mixed"
+
+    def _config(self) -> DictConfig:
+        if "config.yaml" not in _artifacts(self.client, self.run_id):
+            raise NplmError(f"run {self.run_id} has no config.yaml artifact: it cannot be rebuilt")
+        with tempfile.TemporaryDirectory() as into:
+            return OmegaConf.load(_download(self.client, self.run_id, "config.yaml", into))
+
+    def _corpus(self, data_path: str | None) -> Corpus:
+        """The run's data, read again; from `data_path`, else the path its config gives, else the one its dataset
+        input recorded (an absolute path), and refused unless its fingerprint is the run's."""
+        candidates = [data_path] if data_path else [self.cfg.data.get("path"), *self._recorded_sources()]
+        data = self.cfg.data
+        found = next((p for p in candidates if p and Path(p).expanduser().exists()), None)
+        if found is None and data.corpus != "brown":
+            tried = ", ".join(str(p) for p in candidates if p) or "none recorded"
+            raise NplmError(f"the data of run {self.run_id} is not found (tried {tried}): pass --data-path")
+        data = OmegaConf.merge(data, {"path": found}) if found else data
+        corpus = load_corpus(data)
+        expected = self.run.data.tags["data_fingerprint"]
+        if corpus.fingerprint != expected:
+            raise NplmError(
+                f"the data read from {found or 'Brown'} has fingerprint {corpus.fingerprint}, run {self.run_id}'s is "
+                f"{expected}: pass --data-path with the run's own corpus"
+            )
+        return corpus
+
+    def _recorded_sources(self) -> list[str]:
+        sources = []
+        for found in self.run.inputs.dataset_inputs if self.run.inputs else []:
+            try:
+                sources.append(json.loads(found.dataset.source)["uri"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return sources
+
+    def split(self, split: str) -> Tokens:
+        if split not in self.corpus.bounds:
+            raise NplmError(f"--split {split}: the run's data has the splits {', '.join(self.corpus.bounds)}")
+        return Tokens.of_split(self.corpus, split)
+
+    def text(self, path: Path) -> Tokens:
+        """A user's text, read with the run's own reader and preprocessing, its words outside the run's vocabulary
+        as `<unk>`: a corpus of its own over the run's vocabulary, the whole text one span."""
+        try:
+            raw = path.read_bytes()
+        except OSError as error:
+            raise NplmError(f"--text {path}: cannot read ({error.strerror or error})") from None
+        if self.cfg.data.corpus == "brown":
+            try:
+                words = brown_text(raw.decode("utf-8"))[0]
+            except UnicodeDecodeError as error:
+                raise NplmError(f"--text {path}: not UTF-8 at byte {error.start}") from None
+        else:
+            words = read_text_tokens(path, self.cfg.data)
+        index = {w: i for i, w in enumerate(self.corpus.vocab)}
+        unk = index[UNK]
+        ids = torch.tensor([index.get(w, unk) for w in words], dtype=torch.int64)
+        corpus = Corpus(self.corpus.name, self.corpus.vocab, ids, {TEXT: (0, len(ids))}, texts=(path.name,))
+        return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, words)
+
+    def logprob(self, tokens: Tokens) -> np.ndarray:
+        """ln P of every token (float64 from a count, float32 values from an MLP's exact softmax)."""
+        if self.kind == "mlp":
+            return score_splits(self.cfg, self._mlp(), tokens.corpus, [tokens.span])[tokens.span]
+        if self.kind == "ngram":
+            return np.log(self._counted().window_probs(tokens.rows(self._counted().order)))
+        base = self._mixed_base()
+        mlp = np.exp(base.logprob(tokens).astype(np.float64))
+        return np.log(self._fitted_mixture().probs(mlp, tokens.rows(3)))
+
+    def kept(self) -> Scores:
+        """The run's scores of valid and test, as runs now keep them."""
+        logprobs = {split: self.logprob(self.split(split)) for split in KEPT_SPLITS}
+        return Scores.of(self.corpus.text_names(), logprobs, {s: self.corpus.text_ids(s) for s in KEPT_SPLITS})
+
+    def _mlp(self) -> NPLMModule:
+        if self._module is None:
+            if CHECKPOINT not in _artifacts(self.client, self.run_id, "checkpoints"):
+                raise NplmError(
+                    f"run {self.run_id} has no {CHECKPOINT} (it stopped before its first validation, or the checkpoint "
+                    "was deleted): its weights are gone"
+                )
+            with tempfile.TemporaryDirectory() as into:
+                path = _download(self.client, self.run_id, CHECKPOINT, into)
+                try:
+                    self._module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
+                except (OSError, RuntimeError, EOFError) as error:
+                    raise NplmError(f"the checkpoint of run {self.run_id} is unreadable: {error}") from None
+            self._module.eval()
+        return self._module
+
+    def _counted(self) -> NgramModel:
+        if self._ngram is None:
+            self._ngram = instantiate(self.cfg.model, _convert_="all").fit(self.corpus)
+        return self._ngram
+
+    def _mixed_base(self) -> RunScorer:
+        if self._base is None:
+            base = self.run.data.tags.get("base_run_id")
+            if not base:
+                raise NplmError(f"mixed run {self.run_id} does not name the MLP it mixes (tag base_run_id)")
+            self._base = RunScorer(self.uri, base, corpus=self.corpus)
+        return self._base
+
+    def _fitted_mixture(self) -> TrigramMixture:
+        """The mixture's weights fitted again by EM on validation, from the MLP's kept scores where it has them."""
+        if self._mixture is None:
+            base = self._mixed_base()
+            kept = kept_scores(base.client, base.run_id)
+            valid = kept.splits["valid"].logprob if kept else base.logprob(base.split("valid"))
+            trigram = DeletedInterpolation().fit(self.corpus)
+            rows = split_windows(self.corpus, "valid", trigram.order)
+            self._mixture = TrigramMixture(self.cfg.model.mix, trigram).fit(np.exp(valid.astype(np.float64)), rows)
+        return self._mixture
