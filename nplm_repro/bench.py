@@ -4,12 +4,17 @@ nplm-bench experiment=mlp9                       # the MLP9 configuration on rea
 nplm-bench experiment=mlp1 bench.what=[matmul,train]
 nplm-bench bench.what=[ngram] bench.ngram_rows=[del_int,kn3]
 
-Takes the same overrides as `nplm-train`. Every line has `what`, `tokens_per_s` (where tokens apply) and
-`seconds`; the neural lines add `achieved_gflops` (model FLOPs per second, counted from the layer shapes:
-forward 2 flops per multiply-add, backward twice the forward) and `matmul_gflops`, the rate of the output
-layer's own matrix products measured by this process in the same dtype, so the two compare in one run.
+Takes the same overrides as `nplm-train`. Every line is timed in `bench.repeats` rounds (3) of at least
+`bench.min_seconds` each (5): a step or a pass is repeated until its round has lasted that long, after
+`bench.warmup` untimed training steps. Rates measured over a second moved twofold between two runs of the same code
+(300 sampled steps took 0.9 s on a Xeon with AMX: 9.5x and 4.96x float32), so a line gives the median round's
+`tokens_per_s` with `tokens_per_s_range`, the slowest and the fastest round, and `seconds` (timed, all rounds),
+`repeats` and `steps` (or `passes`, of a whole job) that it rests on. The neural lines add `achieved_gflops` (model
+FLOPs per second at the median rate, counted from the layer shapes: forward 2 flops per multiply-add, backward
+twice the forward) and `matmul_gflops`, the median rate of the output layer's own matrix products measured by this
+process in the same dtype on the same device, so the two compare in one run.
 - matmul: the three output-layer products of a training step (forward y = z O^T, backward dy O and
-  dy^T z), best of several repetitions, float32 and bfloat16;
+  dy^T z), float32 and bfloat16, as `matmul_gflops` and `matmul_gflops_range`;
 - baseline: a straightforward PyTorch implementation of the same model (map-style Dataset of windows,
   shuffled DataLoader, nn.Embedding + nn.Linear, CrossEntropyLoss, plain SGD, float32): the reference;
 - train: our LightningModule in a real Trainer, for each precision in `bench.precisions`; the `auto` line
@@ -17,7 +22,8 @@ layer's own matrix products measured by this process in the same dtype, so the t
 - sampled: the same with `optim=sampled` (or the command's own optim when it is sampled), float32, and its
   speed-up over each `train` line (`x_32-true`, ...);
 - eval: the exact float32 perplexity of the whole validation split, as every run computes it (Trainer.validate);
-- ngram: fit on train and score train, valid and test, for each row in `bench.ngram_rows`;
+- ngram: fit on train and score train, valid and test, for each row in `bench.ngram_rows` (`fit_seconds` and
+  `score_seconds`: the median pass's parts; a class row's first pass may include its clustering, before the cache);
 - mixture: the MLP's probability of every valid and test token (`probs` lines), then EM of the learned and
   context-conditioned mixtures with the interpolated trigram on valid and scoring valid and test with them.
 Run it on a quiet machine: numbers move with load, which is why each line is measured in the same run.
@@ -25,10 +31,13 @@ Run it on a quiet machine: numbers move with load, which is why each line is mea
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import statistics
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import hydra
 import lightning as L
@@ -40,7 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from nplm_repro.baselines.mixture import TrigramMixture
-from nplm_repro.baselines.ngram import DeletedInterpolation, perplexity_of
+from nplm_repro.baselines.ngram import DeletedInterpolation, perplexity_of, split_windows
 from nplm_repro.checks import check_config
 from nplm_repro.cli import cli, errors_exit
 from nplm_repro.data.corpus import Corpus
@@ -49,16 +58,99 @@ from nplm_repro.data.windows import loader
 from nplm_repro.errors import NplmError
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.lightning_module import NPLMModule
-from nplm_repro.models.precision import PRECISIONS, output_layer_gflops, resolve
+from nplm_repro.models.precision import PRECISIONS, resolve
 from nplm_repro.models.training import token_probs
 
 log = logging.getLogger(__name__)
 
 
+def _rounded(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return round(value, 3) if isinstance(value, float) else value
+
+
 def emit(what: str, **numbers: Any) -> None:
     """One JSON line on stdout (logs go to stderr), floats rounded for reading."""
-    fields = {k: round(v, 3) if isinstance(v, float) else v for k, v in numbers.items()}
-    print(json.dumps({"what": what, **fields}), flush=True)
+    print(json.dumps({"what": what, **{k: _rounded(v) for k, v in numbers.items()}}), flush=True)
+
+
+class Clock:
+    """Times a unit of work done over and over (a training step, a set of products, a whole pass over a split):
+    `warmup` units untimed, then `repeats` rounds, each of as many units as it takes to last `min_seconds`.
+
+    Each unit counts from the end of the one before (so a step's data loading is in), or from `resume()` after a gap
+    that is not the work's (an epoch's end and its validation). `sync` waits for queued device work: called before a
+    round ends, so a GPU round counts what it computed, not only what the host launched; never per unit, which would
+    slow the steps it measures."""
+
+    def __init__(self, warmup: int, min_seconds: float, repeats: int, sync: Callable[[], None] = lambda: None) -> None:
+        self.min_seconds, self.repeats, self.sync = min_seconds, repeats, sync
+        self.rounds: list[tuple[float, int, int]] = []  # (seconds, tokens, units) of each round
+        self._warmup_left, self._seconds, self._tokens, self._units = warmup, 0.0, 0, 0
+        self._mark = time.perf_counter()
+
+    def resume(self) -> None:
+        """The next unit counts from now: the time since the last one was not the work's."""
+        self._mark = time.perf_counter()
+
+    def tick(self, tokens: int) -> bool:
+        """One unit of `tokens` tokens done; True once the last round is."""
+        now = time.perf_counter()
+        if self._warmup_left:
+            self._warmup_left -= 1
+            if not self._warmup_left:  # the warm-up's queued device work is not the first round's
+                self.sync()
+                now = time.perf_counter()
+        else:
+            self._seconds += now - self._mark
+            self._tokens += tokens
+            self._units += 1
+            if self._seconds >= self.min_seconds:
+                self.sync()
+                end = time.perf_counter()
+                self.rounds.append((self._seconds + end - now, self._tokens, self._units))
+                self._seconds, self._tokens, self._units, now = 0.0, 0, 0, end
+        self._mark = now
+        return len(self.rounds) == self.repeats
+
+    def report(self, unit: str, rate: str = "tokens_per_s", per_token: float = 1.0) -> dict[str, Any]:
+        """The median round's rate (tokens/s, times `per_token` as `rate`), the slowest and fastest round's, and what
+        they rest on: seconds timed, rounds and units (`unit`: steps or passes), all rounds together."""
+        rates = sorted(tokens / seconds * per_token for seconds, tokens, _ in self.rounds)
+        return {
+            rate: statistics.median(rates),
+            f"{rate}_range": [rates[0], rates[-1]],
+            "seconds": sum(seconds for seconds, _, _ in self.rounds),
+            "repeats": len(self.rounds),
+            unit: sum(units for _, _, units in self.rounds),
+        }
+
+
+T = TypeVar("T")
+
+
+def timed_passes(cfg: DictConfig, work: Callable[[], tuple[T, int]]) -> tuple[T, dict[str, Any]]:
+    """A whole job (`work`: its result and the tokens it processed) run as often as the bench's rounds need; the
+    last result and the timing (no warm-up: a pass is long enough to be its own)."""
+    clock = Clock(0, cfg.bench.min_seconds, cfg.bench.repeats)
+    while True:
+        result, tokens = work()
+        if clock.tick(tokens):
+            return result, clock.report("passes")
+
+
+def device_of(cfg: DictConfig) -> torch.device:
+    """Where the MLP lines compute: a GPU when `trainer.accelerator` takes one (`auto` does when there is one)."""
+    accelerator = cfg.trainer.accelerator
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if gpu else "cpu")
+
+
+def step_clock(cfg: DictConfig, warmup: int) -> Clock:
+    """A clock for steps on the MLP's device, waiting for the GPU at the end of each round."""
+    sync = torch.cuda.synchronize if device_of(cfg).type == "cuda" else (lambda: None)
+    return Clock(warmup, cfg.bench.min_seconds, cfg.bench.repeats, sync)
 
 
 def output_width(cfg: DictConfig) -> int:
@@ -74,15 +166,22 @@ def flops_per_token(cfg: DictConfig, vocab_size: int, train: bool) -> float:
     return 3 * forward if train else forward
 
 
-def matmul_rates(cfg: DictConfig, vocab_size: int) -> dict[str, float]:
-    """GFLOP/s of the output layer's three products at the training batch size, per dtype."""
+def matmul_rates(cfg: DictConfig, vocab_size: int) -> dict[str, dict[str, Any]]:
+    """GFLOP/s of the output layer's three products (z: batch x width, O: |V| x width) at the training batch size,
+    per dtype, on the MLP's device: `matmul_gflops` (the median round's) and its timing."""
     batch, width = cfg.optim.batch_size, output_width(cfg) + 1  # + the bias column of bf16_loss
-    return {
-        str(dtype).removeprefix("torch."): output_layer_gflops(
-            batch, width, vocab_size, dtype, cfg.bench.matmul_repeats
-        )
-        for dtype in (torch.float32, torch.bfloat16)
-    }
+    rates = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        shapes = (batch, width), (vocab_size, width), (batch, vocab_size)
+        z, O, dy = (torch.randn(*shape, dtype=dtype, device=device_of(cfg)) for shape in shapes)
+        products, clock = ((z, O.T), (dy, O), (dy.T, z)), step_clock(cfg, warmup=1)  # the first set: kernels' setup
+        done = False
+        while not done:
+            for a, b in products:
+                torch.mm(a, b)
+            done = clock.tick(batch)
+        rates[str(dtype).removeprefix("torch.")] = clock.report("steps", "matmul_gflops", 6 * width * vocab_size / 1e9)
+    return rates
 
 
 class _Windows(torch.utils.data.Dataset):
@@ -111,73 +210,68 @@ class _PlainNPLM(nn.Module):
         return sum(parts[1:], parts[0])
 
 
-def baseline(cfg: DictConfig, corpus: Corpus) -> dict[str, float]:
-    """Training tokens/s of the straightforward float32 implementation, after a warm-up."""
+def baseline(cfg: DictConfig, corpus: Corpus) -> dict[str, Any]:
+    """Training tokens/s of the straightforward float32 implementation (on the MLP's device), after a warm-up."""
     rows = loader(corpus, "train", cfg.model.n, 1).rows
     data = torch.utils.data.DataLoader(_Windows(rows), batch_size=cfg.optim.batch_size, shuffle=True)
-    m = cfg.model
-    model = _PlainNPLM(corpus.vocab_size, m.n, m.m, m.h, m.direct)
+    m, device = cfg.model, device_of(cfg)
+    model = _PlainNPLM(corpus.vocab_size, m.n, m.m, m.h, m.direct).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr * cfg.optim.batch_size, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
-    warmup, steps, tokens = cfg.bench.warmup, cfg.bench.steps, 0
-    for step, (context, target) in enumerate(data):
-        if step == warmup:
-            start, tokens = time.perf_counter(), 0
-        if step == warmup + steps:
-            break
-        optimizer.zero_grad()
-        loss_fn(model(context), target).backward()
-        optimizer.step()
-        tokens += len(target)
-    seconds = time.perf_counter() - start
-    return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+    clock, done = step_clock(cfg, cfg.bench.warmup), False
+    while not done:  # as many epochs as the rounds take
+        clock.resume()
+        for context, target in data:
+            optimizer.zero_grad()
+            loss_fn(model(context.to(device)), target.to(device)).backward()
+            optimizer.step()
+            done = clock.tick(len(target))
+            if done:
+                break
+    return clock.report("steps")
 
 
-class _StepTimer(Callback):
-    """Times the training batches after the warm-up ones."""
+class _StepClock(Callback):
+    """Ticks the clock after each training step, leaves out what comes between epochs (validation), and stops
+    the training once the clock's last round is done."""
 
-    def __init__(self, warmup: int) -> None:
-        self.warmup, self.tokens, self.start, self.end = warmup, 0, 0.0, 0.0
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
 
-    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, index: int) -> None:
-        if index == self.warmup:
-            self.start = time.perf_counter()
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.clock.resume()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, out: Any, batch: Any, index: int
     ) -> None:
-        if index >= self.warmup:
-            self.tokens += len(batch[1])
-            self.end = time.perf_counter()
+        if self.clock.tick(len(batch[1])):
+            trainer.should_stop = True  # Lightning then validates once (the clock has stopped) and ends the fit
 
 
-def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, float], NPLMModule]:
+def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], NPLMModule]:
     """Training tokens/s of NPLMModule in a real Lightning Trainer (as nplm-train runs it, without validation)."""
     architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
     module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
-    timer = _StepTimer(cfg.bench.warmup)
+    clock = step_clock(cfg, cfg.bench.warmup)
     trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=cfg.bench.warmup + cfg.bench.steps,
-        limit_val_batches=1,  # the fast recipe's plateau schedule needs one validation; after the clock stops
+        max_epochs=-1,  # as many epochs as the rounds take (sampled training runs an epoch of Brown in seconds)
+        limit_val_batches=1,  # the fast recipe's plateau schedule needs a validation per epoch; outside the clock
         precision=precision,
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
         logger=False,
-        callbacks=[timer],
+        callbacks=[_StepClock(clock)],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     n, batch = cfg.model.n, cfg.optim.batch_size
     trainer.fit(module, loader(corpus, "train", n, batch, True, cfg.seed), loader(corpus, "valid", n, batch))
-    seconds = timer.end - timer.start
-    return {"tokens_per_s": timer.tokens / seconds, "seconds": seconds, "tokens": timer.tokens}, module
+    return clock.report("steps"), module
 
 
-def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> tuple[float, float]:
-    """Perplexity of the whole validation split as every run scores it (Trainer.validate, validation_step), and
-    the seconds it took."""
+def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> float:
+    """Perplexity of the whole validation split as every run scores it (Trainer.validate, validation_step)."""
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
@@ -185,40 +279,57 @@ def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> tuple[float
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    start = time.perf_counter()
     (metrics,) = trainer.validate(
         module, loader(corpus, "valid", module.model.n, cfg.data.eval_batch_size), verbose=False
     )
-    return metrics["valid_ppl_epoch"], time.perf_counter() - start
+    return metrics["valid_ppl_epoch"]
+
+
+def _ngram_pass(
+    model_cfg: DictConfig, corpus: Corpus, parts: list[tuple[float, float]]
+) -> tuple[dict[str, float], int]:
+    """Fit on train, score the three splits; the seconds of each part appended to `parts`."""
+    start = time.perf_counter()
+    model = instantiate(model_cfg, _convert_="all").fit(corpus)
+    fitted = time.perf_counter()
+    ppl = {f"{split}_ppl": model.perplexity(corpus, split) for split in ("train", "valid", "test")}
+    parts.append((fitted - start, time.perf_counter() - fitted))
+    return ppl, corpus.size("train")
 
 
 def bench_ngrams(cfg: DictConfig, corpus: Corpus) -> None:
+    """Each row fitted on train and scored on the three splits, a pass at a time; its rate is train tokens per
+    second of a whole pass."""
     for row in cfg.bench.ngram_rows:
         model_cfg = hydra.compose("config", overrides=[f"experiment={row}"]).model
-        start = time.perf_counter()
-        model = instantiate(model_cfg, _convert_="all").fit(corpus)
-        fitted = time.perf_counter()
-        ppl = {f"{split}_ppl": model.perplexity(corpus, split) for split in ("train", "valid", "test")}
-        seconds = time.perf_counter() - start
-        emit(
-            f"ngram {row}",
-            tokens_per_s=corpus.size("train") / seconds,
-            seconds=seconds,
-            fit_seconds=fitted - start,
-            score_seconds=seconds - (fitted - start),
-            **ppl,
-        )
+        parts: list[tuple[float, float]] = []
+        ppl, timing = timed_passes(cfg, functools.partial(_ngram_pass, model_cfg, corpus, parts))
+        fit, score = sorted(parts, key=sum)[len(parts) // 2]
+        emit(f"ngram {row}", **timing, fit_seconds=fit, score_seconds=score, **ppl)
 
 
-def bench_mixture(corpus: Corpus, mlp: dict[str, np.ndarray]) -> None:
+def _mixture_pass(
+    mode: str, trigram: DeletedInterpolation, rows: dict[str, np.ndarray], mlp: dict[str, np.ndarray]
+) -> tuple[tuple[TrigramMixture, dict[str, float]], int]:
+    """EM on valid, then valid and test scored with the mixture."""
+    mixture = TrigramMixture(mode, trigram).fit(mlp["valid"], rows["valid"])
+    ppl = {f"{s}_ppl": perplexity_of(mixture.probs(mlp[s], rows[s])) for s in ("valid", "test")}
+    return (mixture, ppl), len(mlp["valid"]) + len(mlp["test"])
+
+
+def bench_mixture(cfg: DictConfig, corpus: Corpus, mlp: dict[str, np.ndarray]) -> None:
+    """Each mixture with the interpolated trigram, given the MLP's probability of every valid and test token (and
+    their trigram windows, cut once as a mixed row's run cuts them)."""
     trigram = DeletedInterpolation().fit(corpus)
+    rows = {split: split_windows(corpus, split, trigram.order) for split in mlp}
     for mode in ("learned", "context"):
-        start = time.perf_counter()
-        mixture = TrigramMixture(mode, trigram).fit(corpus, mlp["valid"])
-        ppl = {f"{s}_ppl": perplexity_of(mixture.probs(corpus, s, mlp[s])) for s in ("valid", "test")}
-        seconds = time.perf_counter() - start
-        tokens = len(mlp["valid"]) + len(mlp["test"])
-        emit(f"mixture {mode}", tokens_per_s=tokens / seconds, seconds=seconds, **ppl, **mixture.describe())
+        (mixture, ppl), timing = timed_passes(cfg, functools.partial(_mixture_pass, mode, trigram, rows, mlp))
+        emit(f"mixture {mode}", **timing, **ppl, **mixture.describe())
+
+
+def _probs_pass(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str) -> tuple[np.ndarray, int]:
+    probs = token_probs(cfg, module, corpus, split)
+    return probs, len(probs)
 
 
 MEASURES = ("matmul", "baseline", "train", "sampled", "eval", "mixture", "ngram")
@@ -226,17 +337,22 @@ MEASURES = ("matmul", "baseline", "train", "sampled", "eval", "mixture", "ngram"
 
 def check_bench(b: DictConfig) -> None:
     """The bench keys, named in one line when wrong (the rest of the config is check_config's)."""
+    if not b.what:
+        raise NplmError(f"bench.what is empty: nothing to measure (name some of {', '.join(MEASURES)})")
     unknown = set(b.what) - set(MEASURES)
     if unknown:
         raise NplmError(f"bench.what: unknown {sorted(unknown)} (known: {', '.join(MEASURES)})")
-    for key, low in (("warmup", 0), ("steps", 1), ("matmul_repeats", 1)):
+    for key, low in (("warmup", 0), ("repeats", 1)):
         if not isinstance(b[key], int) or b[key] < low:
             raise NplmError(f"bench.{key}={b[key]} is invalid: expected an integer >= {low}")
+    if not isinstance(b.min_seconds, int | float) or b.min_seconds <= 0:
+        raise NplmError(f"bench.min_seconds={b.min_seconds} is invalid: expected a number of seconds > 0")
     if set(b.precisions) - {"auto", *PRECISIONS}:
         raise NplmError(f"bench.precisions={list(b.precisions)} is invalid: expected auto, 32-true and/or bf16-mixed")
 
 
 def bench(cfg: DictConfig) -> None:
+    """Every measurement `bench.what` names, in the order of MEASURES, one line each (the module's doc)."""
     check_config(cfg)
     check_bench(cfg.bench)
     what, corpus = set(cfg.bench.what), load_corpus(cfg.data)
@@ -248,14 +364,14 @@ def bench(cfg: DictConfig) -> None:
     rates = matmul_rates(cfg, corpus.vocab_size) if what - {"ngram"} else {}  # the MLP lines compare with it
     if "matmul" in what:
         for dtype, rate in rates.items():
-            emit(f"matmul {dtype}", matmul_gflops=rate, batch=cfg.optim.batch_size, **shape)
+            emit(f"matmul {dtype}", **rate, batch=cfg.optim.batch_size, device=device_of(cfg).type, **shape)
     if "baseline" in what:
         result = baseline(cfg, corpus)
         emit(
             "train baseline float32",
             **result,
             achieved_gflops=result["tokens_per_s"] * train_flops,
-            matmul_gflops=rates["float32"],
+            matmul_gflops=rates["float32"]["matmul_gflops"],
             **shape,
         )
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
@@ -271,7 +387,7 @@ def bench(cfg: DictConfig) -> None:
                 f"train {precision}",
                 **result,
                 achieved_gflops=result["tokens_per_s"] * train_flops,
-                matmul_gflops=rates["bfloat16" if concrete.startswith("bf16") else "float32"],
+                matmul_gflops=rates["bfloat16" if concrete.startswith("bf16") else "float32"]["matmul_gflops"],
                 **(chosen if precision == "auto" else {}),
                 **shape,
             )
@@ -289,27 +405,24 @@ def bench(cfg: DictConfig) -> None:
             **shape,
         )
     if module is not None and "eval" in what:
-        ppl, seconds = validate(cfg, module, corpus)
         tokens = corpus.size("valid")
+        ppl, timing = timed_passes(cfg, lambda: (validate(cfg, module, corpus), tokens))
         emit(
             "eval valid float32",
-            tokens_per_s=tokens / seconds,
-            seconds=seconds,
+            **timing,
             tokens=tokens,
             batch=cfg.data.eval_batch_size,
-            achieved_gflops=tokens / seconds * eval_flops,
-            matmul_gflops=rates["float32"],
+            achieved_gflops=timing["tokens_per_s"] * eval_flops,
+            matmul_gflops=rates["float32"]["matmul_gflops"],
             ppl=float(ppl),
             **shape,
         )
     if module is not None and "mixture" in what:
         mlp, quiet = {}, OmegaConf.merge(cfg, {"trainer": {"enable_progress_bar": False}})  # stdout is for JSON
         for split in ("valid", "test"):
-            start = time.perf_counter()
-            mlp[split] = token_probs(quiet, module, corpus, split)
-            seconds = time.perf_counter() - start
-            emit(f"probs {split} float32", tokens_per_s=len(mlp[split]) / seconds, seconds=seconds, **shape)
-        bench_mixture(corpus, mlp)
+            mlp[split], timing = timed_passes(cfg, functools.partial(_probs_pass, quiet, module, corpus, split))
+            emit(f"probs {split} float32", **timing, **shape)
+        bench_mixture(cfg, corpus, mlp)
     if "ngram" in what:
         bench_ngrams(cfg, corpus)
 

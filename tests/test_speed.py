@@ -3,6 +3,7 @@
 import itertools
 import json
 import platform
+import time
 from pathlib import Path
 
 import mlflow
@@ -11,6 +12,7 @@ import torch
 from helpers import SLICE, data_slice, run_script
 from torch.nn import functional as F
 
+from nplm_repro.bench import Clock
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.windows import loader
 from nplm_repro.memory import keep_freed_memory
@@ -89,6 +91,56 @@ def test_keep_freed_memory_is_accepted_by_glibc() -> None:
     assert keep_freed_memory() is True
 
 
+class FakeTime:
+    """time.perf_counter as a test sets it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_clock_times_rounds_of_at_least_min_seconds_after_the_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two slow warm-up steps, then rounds of 1, 0.5 and 2 s a step: each round takes steps until it has lasted
+    2.5 s, the median round's rate is reported with the slowest and the fastest, and the device is waited for
+    after the warm-up and at the end of each round only."""
+    fake, syncs = FakeTime(), []
+    monkeypatch.setattr(time, "perf_counter", fake)
+    clock = Clock(warmup=2, min_seconds=2.5, repeats=3, sync=lambda: syncs.append(fake.now))
+    steps = [10.0, 10.0] + [1.0] * 3 + [0.5] * 5 + [2.0] * 2
+    for i, seconds in enumerate(steps, 1):
+        fake.now += seconds
+        assert clock.tick(100) == (i == len(steps))
+    assert clock.report("steps") == {
+        "tokens_per_s": 100.0,
+        "tokens_per_s_range": [50.0, 200.0],
+        "seconds": 9.5,
+        "repeats": 3,
+        "steps": 10,
+    }
+    assert syncs == [20.0, 23.0, 25.5, 29.5]
+
+
+def test_clock_leaves_out_the_time_before_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What comes between epochs (validation, the next shuffle) is not the step's time."""
+    fake = FakeTime()
+    monkeypatch.setattr(time, "perf_counter", fake)
+    clock = Clock(warmup=0, min_seconds=3, repeats=1)
+    for gap in (0.0, 60.0, 0.0):
+        fake.now += gap
+        clock.resume()
+        fake.now += 1.0
+        clock.tick(10)
+    assert clock.report("passes") == {
+        "tokens_per_s": 10.0,
+        "tokens_per_s_range": [10.0, 10.0],
+        "seconds": 3.0,
+        "repeats": 1,
+        "passes": 3,
+    }
+
+
 def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path: Path) -> None:
     result = run_script(
         "nplm-bench",
@@ -96,8 +148,8 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         *SLICE,
         "experiment=mlp9",
         "bench.warmup=2",
-        "bench.steps=5",
-        "bench.matmul_repeats=2",
+        "bench.min_seconds=0.01",
+        "bench.repeats=3",
         "bench.ngram_rows=[del_int,kn3]",
         f"hydra.run.dir={tmp_path}/out",
         cwd=tmp_path,
@@ -120,17 +172,44 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         "ngram del_int",
         "ngram kn3",
     ]
-    for line in lines:
-        assert line.get("tokens_per_s", 1) > 0 and line.get("seconds", 1) > 0
+    for line in lines:  # every line: the median of 3 rounds of at least 0.01 s, with the slowest and fastest
+        rate = "matmul_gflops" if line["what"].startswith("matmul") else "tokens_per_s"
+        low, high = line[f"{rate}_range"]
+        assert 0 < low <= line[rate] <= high, line
+        assert line["repeats"] == 3 and line["seconds"] >= 3 * 0.01 and line.get("steps", line.get("passes")) >= 3
         if line["what"].startswith(("train", "eval")) and line["what"] != "train sampled":  # it computes less
             assert 0 < line["achieved_gflops"] and 0 < line["matmul_gflops"]
-    assert lines[2]["tokens"] == 5 * 256
     auto, sampled = lines[5], lines[6]
     assert auto["resolved"] in ("32-true", "bf16-mixed") and auto["auto"].startswith(auto["resolved"])
     assert (sampled["samples"], sampled["proposal"], sampled["x_32-true"] > 0) == (500, "bigram", True)
 
 
-@pytest.mark.parametrize("override", ["bench.steps=0", "bench.what=[speed]", "bench.precisions=[16-mixed]"])
+def test_bench_trains_across_epochs_until_its_rounds_are_done(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """An epoch of 2,000 tokens is 8 steps: the warm-up alone runs into the third epoch, and the fit still ends when
+    the clock's last round does (sampled training runs an epoch of Brown in seconds, a GPU faster still)."""
+    result = run_script(
+        "nplm-bench",
+        f"data.path={tiny_brown_path}",
+        *data_slice(2_000, 1_000, 1_000),
+        "experiment=mlp9",
+        "bench.what=[train,sampled]",
+        "bench.precisions=[32-true]",
+        "bench.warmup=20",
+        "bench.min_seconds=0.01",
+        "bench.repeats=2",
+        f"hydra.run.dir={tmp_path}/out",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(line["what"], line["repeats"]) for line in lines] == [("train 32-true", 2), ("train sampled", 2)]
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["bench.what=[]", "bench.what=[speed]", "bench.min_seconds=0", "bench.repeats=0", "bench.precisions=[16-mixed]"],
+)
 def test_bench_bad_value_is_one_line_and_exit_2(override: str, tmp_path: Path) -> None:
     result = run_script("nplm-bench", override, f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)
     assert result.returncode == 2
