@@ -24,8 +24,9 @@ import numpy as np
 from nplm_repro.cli import cli
 from nplm_repro.errors import NplmError
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.locks import sqlite_file
-from nplm_repro.tracking.scoring import RunScorer, Tokens, kept_scores, log_scores
+from nplm_repro.tracking.scoring import RunScorer, Tokens
 from nplm_repro.tracking.store import check_store
 
 TOLERANCE = 1e-6  # relative: kept scores must give the run's logged perplexity
@@ -94,7 +95,7 @@ def summary(scorer: RunScorer, tokens: Tokens, logprob: np.ndarray) -> str:
     what = f"split {tokens.span}" if tokens.span != "text" else f"text {tokens.corpus.texts[0]}"
     return (
         f"run {scorer.run_id[:12]} ({scorer.name}), {what}: {tokens.size:,} tokens, {tokens.unk:,} <unk>, "
-        f"{tokens.texts:,} texts, logprob {total:,.2f} (ln), ppl {math.exp(-total / tokens.size):.2f}"
+        f"{tokens.texts:,} texts, logprob {total:,.2f} (ln), ppl {math.exp(-total / tokens.size):.3f}"
     )
 
 
@@ -130,6 +131,7 @@ def backfill(scorer: RunScorer) -> str:
 
 
 def _main() -> None:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run's kept scores otherwise
     args = _arguments()
     path = sqlite_file(args.tracking_uri)
     if path is not None and not path.is_file():

@@ -14,8 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
+
+from nplm_repro.reporting.intervals import Evidence, TextSums
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -73,3 +77,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def evidence_of(
+    table: pd.DataFrame, noise: float = 0.0, spread: float = 0.05, texts: int = 100, seed: int = 0
+) -> Evidence:
+    """Kept scores for the finished rows of a report's `table`, made up so that each row's test perplexity over all
+    texts is exactly its `test_ppl`: texts of 1,000 tokens, each text harder or easier for every row alike by a
+    factor of relative std `spread` (as real texts are), plus per row and text an independent `noise` (a relative
+    change of its log-probability)."""
+    rng = np.random.default_rng(seed)
+    tokens = np.full(texts, 1000.0)
+    shared = 1 + spread * rng.standard_normal(texts)
+    sums = {}
+    for row in table[table["status"] == "finished"].itertuples():
+        factor = shared * (1 + noise * rng.standard_normal(texts))
+        factor /= factor.mean()  # equal token counts: the row's perplexity over all texts is then its own
+        logprob = -np.log(row.test_ppl) * tokens * factor
+        sums[row.label] = {"test": [TextSums(tuple(range(texts)), logprob, tokens)], "valid": []}
+    return Evidence(sums, {})

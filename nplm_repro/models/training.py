@@ -84,7 +84,8 @@ def score_splits(cfg: DictConfig, module: NPLMModule, corpus: Corpus, splits: Se
     """ln P(w_t | context) of every token of each split (any span of `corpus.bounds`), float32, by the same exact
     evaluation as a run's own (`Trainer.test`), in this process, on one device."""
     keep = KeptScores()
-    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto"}
+    # one device, and no bar: Lightning draws it on stdout, where nplm-score prints its result
+    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto", "enable_progress_bar": False}
     trainer = L.Trainer(**one_device, logger=False, enable_checkpointing=False, callbacks=[keep])
     keep.expect({i: corpus.size(s) for i, s in enumerate(splits)})
     batches = [loader(corpus, s, cfg.model.n, cfg.data.eval_batch_size) for s in splits]

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from nplm_repro.paper import label, paper_table
-from nplm_repro.reporting.claims import Claim, Numbers, brown_claims
+from nplm_repro.reporting.claims import Claim, check_claims
+from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import present
 
 STUDY = "brown_recipe"
@@ -252,7 +253,7 @@ def _ending(run: pd.Series, seeds: list[tuple[str, list[float]]]) -> str:
     return f"{len(curve)} epochs, ended by {how} (trainer.max_epochs={limit}), best at epoch {best}; last epochs {last}"
 
 
-def claims(table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
+def claims(uri: str, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
     """Table 1's claims with the MLP rows taken from the paper-recipe runs only (the other MLP rows are not
     measured with that recipe) and the n-gram rows from brown_table1 (no recipe: they are counted)."""
     ours = _rows(table, STEPS[0])
@@ -261,13 +262,15 @@ def claims(table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
     for _, paper in paper_table(TABLE1).iterrows():
         name = label(paper)
         row = {"label": name, "family": paper["family"], "status": "missing", "valid_ppl": np.nan, "test_ppl": np.nan}
+        row["run_ids"] = ""
         row |= {"paper_valid_ppl": paper["paper_valid_ppl"], "paper_test_ppl": paper["paper_test_ppl"]}
         if paper["family"] == "mlp" and name in ours.index:
-            row |= ours.loc[name, ["status", "valid_ppl", "test_ppl"]].to_dict()
+            row |= ours.loc[name, ["status", "valid_ppl", "test_ppl", "run_ids"]].to_dict()
         elif paper["family"] != "mlp" and name in counted.index:
-            row |= counted.loc[name, ["status", "valid_ppl", "test_ppl"]].to_dict()
+            row |= counted.loc[name, ["status", "valid_ppl", "test_ppl", "run_ids"]].to_dict()
         rows.append(row)
-    return brown_claims(Numbers(pd.DataFrame.from_records(rows)))
+    found = pd.DataFrame.from_records(rows)
+    return check_claims(TABLE1, found, Evidence.read(uri, found))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, label, paper_table, row_key
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims
+from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import (
     assign_studies,
     best,
@@ -26,11 +27,22 @@ from nplm_repro.reporting.runs import (
     tidy,
     varying_keys,
 )
+from nplm_repro.scores import KEPT_SPLITS
 
 
 def _with_rel_diff(table: pd.DataFrame) -> pd.DataFrame:
     for split in SPLITS:
         table[f"{split}_rel_diff"] = table[f"{split}_ppl"] / table[f"paper_{split}_ppl"] - 1
+    return table
+
+
+def with_intervals(table: pd.DataFrame, evidence: Evidence) -> pd.DataFrame:
+    """The table with each row's 95% interval over texts, `<split>_low` and `<split>_high`, where its runs kept
+    scores (NaN where they did not)."""
+    table = table.copy()
+    for split in KEPT_SPLITS:
+        bounds = [evidence.perplexity(label, split) or (np.nan, np.nan) for label in table["label"]]
+        table[f"{split}_low"], table[f"{split}_high"] = [b[0] for b in bounds], [b[1] for b in bounds]
     return table
 
 
@@ -93,6 +105,7 @@ class Report:
     extra: list[str]
     attempts: pd.DataFrame
     claims: list[Claim]
+    evidence: Evidence
     running: pd.DataFrame
     failed: pd.DataFrame
     excluded: list[str]
@@ -172,10 +185,12 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
     active = runs.sort_values(["start_time", "run_id"])
     data = {k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))}
     table = recipe.labelled(table) if study == recipe.STUDY else table  # its rows named by their steps
-    curves, claims, findings = history(uri, table), check_claims(study, table), None
+    evidence = Evidence.read(uri, table)
+    table = with_intervals(table, evidence)
+    curves, claims, findings = history(uri, table), check_claims(study, table, evidence), None
     if study == recipe.STUDY:
         table1 = fast_table1(all_runs, fingerprint)
-        claims, findings = recipe.claims(table, table1), recipe.findings(table, table1, curves)
+        claims, findings = recipe.claims(uri, table, table1), recipe.findings(table, table1, curves)
     return Report(
         study=study,
         experiment=experiment,
@@ -188,6 +203,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         extra=extra,
         attempts=attempts,
         claims=claims,
+        evidence=evidence,
         running=active[active["state"] == "running"],
         failed=active[active["state"] == "failed"],
         excluded=notes.excluded(study, all_runs, fingerprint),
@@ -226,6 +242,11 @@ def _ours(row: pd.Series, split: str) -> str:
     return f"{mean:.1f} ± {std:.1f}" if present(std) else f"{mean:.1f}"
 
 
+def _interval(row: pd.Series, split: str) -> str:
+    low, high = row[f"{split}_low"], row[f"{split}_high"]
+    return f"{low:.1f}-{high:.1f}" if row["status"] == "finished" and present(low) else ""
+
+
 def _seeds(row: pd.Series) -> str:
     return f"{row['seeds']}" + (f" (+{row['running']} running)" if row["running"] else "")
 
@@ -238,6 +259,8 @@ def display(report: Report) -> pd.DataFrame:
     for split in SPLITS:
         paper, diff = report.table[f"paper_{split}_ppl"], report.table[f"{split}_rel_diff"]
         frame[(split, "ours")] = report.table.apply(_ours, axis=1, split=split)
+        if split in KEPT_SPLITS and report.table[f"{split}_low"].notna().any():
+            frame[(split, "95% interval")] = report.table.apply(_interval, axis=1, split=split)
         frame[(split, "paper")] = paper.map(lambda v: f"{v:g}" if present(v) else "")
         frame[(split, "diff")] = diff.map(lambda v: f"{v:+.1%}" if present(v) else "")
     frame[("", "seeds")] = report.table.apply(_seeds, axis=1)

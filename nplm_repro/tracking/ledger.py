@@ -29,10 +29,11 @@ from nplm_repro.errors import interrupted, one_line
 from nplm_repro.models.precision import resolve
 from nplm_repro.models.training import train_neural
 from nplm_repro.scores import Scores
+from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.keys import config_key, is_neural, model_key
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
-from nplm_repro.tracking.scoring import RunScorer, kept_scores, log_scores
+from nplm_repro.tracking.scoring import RunScorer
 from nplm_repro.tracking.store import check_store, redact
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,8 @@ from nplm_repro.data.text import read_text_tokens
 from nplm_repro.errors import NplmError
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.training import score_splits
-from nplm_repro.scores import ARTIFACT, KEPT_SPLITS, Scores
+from nplm_repro.scores import KEPT_SPLITS, Scores
+from nplm_repro.tracking.kept import artifacts, download, kept_scores
 from nplm_repro.tracking.keys import is_neural
 from nplm_repro.tracking.store import redact, store_error
 
@@ -39,35 +40,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoints/best.ckpt"
 TEXT = "text"  # the span a user's text takes in the corpus built around it
-
-
-def _artifacts(client: mlflow.MlflowClient, run_id: str, folder: str = "") -> set[str]:
-    """The paths of a run's artifacts in `folder`; a store that does not answer is an error of its own."""
-    try:
-        return {f.path for f in client.list_artifacts(run_id, folder or None)}
-    except MlflowException as error:
-        raise NplmError(f"the store did not list the artifacts of run {run_id}: {redact(store_error(error))}") from None
-
-
-def _download(client: mlflow.MlflowClient, run_id: str, path: str, into: str) -> str:
-    try:
-        return client.download_artifacts(run_id, path, into)
-    except (MlflowException, OSError) as error:
-        raise NplmError(f"the store did not give {path} of run {run_id}: {redact(store_error(error))}") from None
-
-
-def kept_scores(client: mlflow.MlflowClient, run_id: str) -> Scores | None:
-    """The run's kept scores (artifact scores.npz), or None when it kept none (made before runs kept them)."""
-    if ARTIFACT not in _artifacts(client, run_id):
-        return None
-    with tempfile.TemporaryDirectory() as into:
-        return Scores.load(_download(client, run_id, ARTIFACT, into))
-
-
-def log_scores(client: mlflow.MlflowClient, run_id: str, scores: Scores) -> None:
-    """Attach `scores` to the run as its artifact scores.npz."""
-    with tempfile.TemporaryDirectory() as folder:
-        client.log_artifact(run_id, str(scores.save(Path(folder) / ARTIFACT)))
 
 
 @dataclass
@@ -134,10 +106,10 @@ class RunScorer:
         return "mlp" if self.cfg.model.get("mix", "none") == "none" else "mixed"
 
     def _config(self) -> DictConfig:
-        if "config.yaml" not in _artifacts(self.client, self.run_id):
+        if "config.yaml" not in artifacts(self.client, self.run_id):
             raise NplmError(f"run {self.run_id} has no config.yaml artifact: it cannot be rebuilt")
         with tempfile.TemporaryDirectory() as into:
-            return OmegaConf.load(_download(self.client, self.run_id, "config.yaml", into))
+            return OmegaConf.load(download(self.client, self.run_id, "config.yaml", into))
 
     def _corpus(self, data_path: str | None) -> Corpus:
         """The run's data, read again; from `data_path`, else the path its config gives, else the one its dataset
@@ -209,13 +181,13 @@ class RunScorer:
 
     def _mlp(self) -> NPLMModule:
         if self._module is None:
-            if CHECKPOINT not in _artifacts(self.client, self.run_id, "checkpoints"):
+            if CHECKPOINT not in artifacts(self.client, self.run_id, "checkpoints"):
                 raise NplmError(
                     f"run {self.run_id} has no {CHECKPOINT} (it stopped before its first validation, or the checkpoint "
                     "was deleted): its weights are gone"
                 )
             with tempfile.TemporaryDirectory() as into:
-                path = _download(self.client, self.run_id, CHECKPOINT, into)
+                path = download(self.client, self.run_id, CHECKPOINT, into)
                 try:
                     self._module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
                 except (OSError, RuntimeError, EOFError) as error:

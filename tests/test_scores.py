@@ -1,0 +1,214 @@
+"""Every token's score, kept by every run, and `nplm-score`: real runs on a slice of Brown in a real store."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from helpers import SLICE, composed, console_script
+from mlflow.tracking import MlflowClient
+
+from nplm_repro import score as nplm_score
+from nplm_repro.scores import ARTIFACT
+from nplm_repro.tracking import ledger
+from nplm_repro.tracking.kept import kept_scores
+from nplm_repro.tracking.scoring import RunScorer
+
+TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
+ROWS = {"kn3": "Kneser-Ney back-off", "mlp5": "MLP5", "mlp6": "MLP6"}
+
+
+@pytest.fixture(scope="module")
+def store(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, str]]:
+    """kn3, MLP5 (two short epochs) and MLP6 mixing it, on 28k tokens of Brown (its texts ca01..ca13 in a folder);
+    returns the folder, the store and each row's run id."""
+    workdir = tmp_path_factory.mktemp("scores")
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    (workdir / "brown").mkdir()
+    with zipfile.ZipFile(brown_path) as archive:
+        for text in (f"ca{i:02}" for i in range(1, 14)):
+            (workdir / "brown" / text).write_bytes(archive.read(f"brown/{text}"))
+    common = [f"data.path={workdir / 'brown'}", *SLICE, *TINY, f"tracking.uri={uri}"]
+    ids = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
+        for row in ROWS:
+            ids[row] = ledger.run(
+                composed(f"experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/c")
+            )[0]
+    return workdir, uri, ids
+
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def score(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
+    """`nplm-score` in this process (its import costs seconds): its exit code, stdout and stderr."""
+
+    def run(workdir: Path, *args: str) -> Done:
+        monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # restored after the test: the CLI wrapper sets it
+        monkeypatch.chdir(workdir)
+        monkeypatch.setattr(sys, "argv", ["nplm-score", *args])
+        code = 0
+        try:
+            nplm_score.main()
+        except SystemExit as exit_:
+            code = exit_.code
+        out = capsys.readouterr()
+        return Done(code, out.out, out.err)
+
+    return run
+
+
+def scores_file(uri: str, run_id: str) -> Path:
+    """Where the store keeps a run's kept scores (a local artifact root)."""
+    return Path(mlflow.MlflowClient(uri).get_run(run_id).info.artifact_uri.removeprefix("file://")) / ARTIFACT
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_kept_scores_give_the_logged_perplexities(store: tuple[Path, str, dict[str, str]], row: str) -> None:
+    """exp(-mean ln P) of the kept scores is the run's valid_ppl and test_ppl (MLP, n-gram and mixed runs alike),
+    and each token carries the Brown text it belongs to."""
+    _, uri, ids = store
+    client = MlflowClient(uri)
+    kept = kept_scores(client, ids[row])
+    metrics = client.get_run(ids[row]).data.metrics
+    for split in ("valid", "test"):
+        assert kept.splits[split].perplexity() == pytest.approx(metrics[f"{split}_ppl"], rel=1e-6)
+        assert kept.splits[split].tokens == metrics[f"{split}_tokens"] == 4_000
+        assert kept.splits[split].logprob.dtype == np.float32
+    assert kept.texts[:2] == ("ca01", "ca02")
+    assert [kept.texts[t] for t in np.unique(kept.splits["test"].text)] == ["ca11", "ca12", "ca13"]
+
+
+def test_a_mixed_row_reads_its_mlps_kept_scores_and_loads_no_checkpoint(
+    store: tuple[Path, str, dict[str, str]],
+) -> None:
+    _, uri, ids = store
+    run = MlflowClient(uri).get_run(ids["mlp6"])
+    assert run.data.tags["base_run_id"] == ids["mlp5"]
+    mlp = kept_scores(MlflowClient(uri), ids["mlp5"])
+    assert run.data.metrics["mlp_test_ppl"] == pytest.approx(mlp.splits["test"].perplexity(), rel=1e-12)
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_scoring_a_run_again_reproduces_its_logged_perplexities(
+    store: tuple[Path, str, dict[str, str]], row: str
+) -> None:
+    _, uri, ids = store
+    scorer = RunScorer(uri, ids[row])
+    metrics = scorer.run.data.metrics
+    for split in ("valid", "test"):
+        logprob = scorer.logprob(scorer.split(split))
+        assert np.exp(-np.mean(logprob, dtype=np.float64)) == pytest.approx(metrics[f"{split}_ppl"], rel=1e-6)
+
+
+def test_nplm_score_prints_what_was_counted_and_writes_every_tokens_score(
+    store: tuple[Path, str, dict[str, str]], tmp_path: Path
+) -> None:
+    workdir, uri, ids = store
+    per_token = tmp_path / "test.tsv"
+    command = [console_script("nplm-score"), ids["mlp5"], "--tracking-uri", uri, "--per-token", str(per_token)]
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True)  # the command as users run it
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    ppl = MlflowClient(uri).get_run(ids["mlp5"]).data.metrics["test_ppl"]
+    assert line.startswith(f"run {ids['mlp5'][:12]} (MLP5 seed=3), split test: 4,000 tokens, ")
+    assert line.endswith(f", 3 texts, logprob {-np.log(ppl) * 4000:,.2f} (ln), ppl {ppl:.3f}")
+    rows = list(csv.DictReader(per_token.open(), delimiter="\t"))
+    assert len(rows) == 4000 and {r["text"] for r in rows} == {"ca11", "ca12", "ca13"}
+    assert np.exp(-np.mean([float(r["logprob"]) for r in rows])) == pytest.approx(ppl, rel=1e-5)
+
+
+def test_nplm_score_reads_a_users_text_with_the_runs_reader_and_counts_unknown_words(
+    store: tuple[Path, str, dict[str, str]], tmp_path: Path, score: Callable[..., Done]
+) -> None:
+    workdir, uri, ids = store
+    text = tmp_path / "mine.txt"
+    text.write_text("The jury said it was the .\n\nZorblax qwimbly said it .\n")
+    for row in ROWS:
+        done = score(workdir, ids[row], "--tracking-uri", uri, "--text", str(text))
+        assert done.returncode == 0, done.stderr
+        # 7 + 5 words, <eop> after each paragraph, <eot> at the end; the two made-up words are <unk>
+        assert "text mine.txt: 15 tokens, 2 <unk>, 1 texts, logprob -" in done.stdout
+
+
+def test_log_attaches_kept_scores_to_a_run_made_before_runs_kept_them(
+    store: tuple[Path, str, dict[str, str]], score: Callable[..., Done]
+) -> None:
+    workdir, uri, ids = store
+    client = MlflowClient(uri)
+    before = client.get_run(ids["kn3"]).data.metrics
+    kept = kept_scores(client, ids["kn3"])
+    scores_file(uri, ids["kn3"]).unlink()  # as a run of before this change has none
+    assert kept_scores(client, ids["kn3"]) is None
+    done = score(workdir, ids["kn3"], "--tracking-uri", uri, "--log")
+    assert done.returncode == 0, done.stderr
+    assert "kept scores attached (valid " in done.stdout
+    again = kept_scores(client, ids["kn3"])
+    np.testing.assert_array_equal(again.splits["test"].logprob, kept.splits["test"].logprob)
+    assert client.get_run(ids["kn3"]).data.metrics == before  # the run's numbers unchanged
+    done = score(workdir, ids["kn3"], "--tracking-uri", uri, "--log")
+    assert done.returncode == 0 and "already keeps its scores: nothing to do" in done.stdout
+
+
+def test_a_mixed_row_mixes_an_mlp_stopped_before_its_first_validation(brown_path: Path, tmp_path: Path) -> None:
+    """Such an MLP has no best.ckpt: it was scored with its last weights, and its kept scores are what it mixes."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = [f"data.path={brown_path}", *SLICE, "model.h=16", "model.m=16", "trainer.max_steps=3"]
+    run_id, metrics = ledger.run(
+        composed("experiment=mlp2", *overrides, f"tracking.uri={uri}", f"callbacks.model_checkpoint.dirpath={tmp_path}")
+    )
+    client = MlflowClient(uri)
+    base = client.get_run(run_id).data.tags["base_run_id"]
+    assert "checkpoints" not in {f.path for f in client.list_artifacts(base)}
+    assert metrics["mlp_test_ppl"] == pytest.approx(client.get_run(base).data.metrics["test_ppl"], rel=1e-6)
+
+
+def test_bad_input_is_one_line_and_exit_2(
+    store: tuple[Path, str, dict[str, str]], tmp_path: Path, score: Callable[..., Done]
+) -> None:
+    workdir, uri, ids = store
+    client = MlflowClient(uri)
+    running = client.create_run(client.get_run(ids["kn3"]).info.experiment_id, tags={"data_fingerprint": "x"})
+    foreign = client.create_run(client.get_run(ids["kn3"]).info.experiment_id).info.run_id
+    cases = {
+        "0" * 32: f"no run {'0' * 32} in the store",
+        running.info.run_id: "is RUNNING, not FINISHED",
+        foreign: "is not an nplm-repro run",
+    }
+    for run_id, words in cases.items():
+        done = score(workdir, run_id, "--tracking-uri", uri)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    done = score(workdir, ids["kn3"], "--tracking-uri", uri, "--text", str(tmp_path / "absent.txt"))
+    assert done.returncode == 2 and "absent.txt: cannot read" in done.stderr and done.stderr.count("\n") == 1
+    done = score(workdir, ids["kn3"], "--tracking-uri", f"sqlite:///{tmp_path}/none.db")
+    assert done.returncode == 2 and "no tracking store at" in done.stderr
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_an_mlp_without_its_weights_says_so_when_scored_again(
+    brown_path: Path, tmp_path: Path, score: Callable[..., Done]
+) -> None:
+    """An MLP stopped before its first validation has no checkpoint: once its kept scores are gone, it cannot be
+    scored again, and nplm-score says why in one line."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = [f"data.path={brown_path}", *SLICE, "model.h=16", "model.m=16", "trainer.max_steps=3"]
+    checkpoints = f"callbacks.model_checkpoint.dirpath={tmp_path}"
+    run_id, _ = ledger.run(composed("experiment=mlp5", *overrides, f"tracking.uri={uri}", checkpoints))
+    scores_file(uri, run_id).unlink()
+    done = score(tmp_path, run_id, "--tracking-uri", uri, "--log")
+    assert done.returncode == 2 and "has no checkpoints/best.ckpt" in done.stderr, done.stderr
