@@ -104,6 +104,11 @@ class Evidence:
                 sums[row.label] = {s: [TextSums.of(k, s) for k in kept.values() if s in k.splits] for s in KEPT_SPLITS}
         return cls(sums, missing)
 
+    def describe(self) -> str:
+        """How many texts each split resampled, and how often."""
+        splits = ", ".join(f"{len(texts)} {split} texts" for split, texts in self._texts.items()) or "no kept scores"
+        return f"{splits}, {RESAMPLES:,} resamples, seed {SEED}"
+
     def has(self, label: str) -> bool:
         return label in self.sums
 

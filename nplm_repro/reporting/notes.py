@@ -10,6 +10,7 @@ import pandas as pd
 
 from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_key
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
+from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import newest_finished, run_name, run_text
 
 # The knobs of sampled training: without them, a sampled run and an exact run are the same model.
@@ -151,4 +152,51 @@ def sampled_vs_exact(table: pd.DataFrame) -> list[str]:
                 f"{sampled['epochs']:.0f} epochs, {sampled[cost]:.1f} min{' in fit' if cost == 'fit_minutes' else ''}: "
                 f"{speedup:.1f}x faster"
             )
+    return lines
+
+
+def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence, commits: list[str]) -> list[str]:
+    """The ML Reproducibility Checklist's facts about the runs shown: seeds per row, how the rows were chosen, the
+    intervals, the compute (CPU, wall time, CPU-hours), the libraries, the data and the code."""
+    finished = table[table["status"] == "finished"]
+    shown = runs[runs["run_id"].isin(" ".join(finished["run_ids"]).split())]
+    seeds = finished["seeds"].value_counts().sort_index()
+    lines = [
+        f"Runs shown: {len(shown)}, over {len(finished)} rows; seeds per row: "
+        + ", ".join(f"{n} seeds for {rows} rows" for n, rows in seeds.items())
+        + " (each seed's newest FINISHED run).",
+        (
+            "Chosen on validation: a row run in several configurations shows the one with the lowest mean validation "
+            "perplexity; the best MLP and the best n-gram of the claims are chosen on validation too; test chooses "
+            "nothing."
+        ),
+        (
+            f"Intervals: 95% percentile bootstrap over the split's texts ({evidence.describe()}), whole texts "
+            "resampled; a row with several seeds averages its seeds' perplexities in each resample; comparisons are "
+            "paired (the same resampled texts on both sides)."
+        ),
+    ]
+    if evidence.missing:
+        lines.append(
+            "No interval for " + ", ".join(evidence.missing) + ": their runs kept no scores "
+            "(`nplm-score RUN --log` attaches them)."
+        )
+    cpus = shown["cpu"].replace("", "not recorded (runs from before runs recorded it)").value_counts()
+    lines.append("CPU: " + "; ".join(f"{cpu} ({n} runs)" for cpu, n in cpus.items()) + ".")
+    minutes = shown.groupby("row_tag", sort=False)["minutes"].mean()
+    wall = [f"{label} {m:.1f}" for label, m in minutes.items() if label and np.isfinite(m)]
+    cpu_hours = (shown["minutes"] * shown["threads"]).sum() / 60
+    unthreaded = int(shown["threads"].isna().sum())
+    lines.append(
+        "Wall time per run, mean over seeds (minutes): "
+        + ", ".join(wall)
+        + f". Total {shown['minutes'].sum() / 60:.1f} "
+        f"hours of wall time; {cpu_hours:.1f} CPU-hours (wall time x torch threads)"
+        + (f" over the {len(shown) - unthreaded} runs that recorded their threads" if unthreaded else "")
+        + "."
+    )
+    versions = shown["versions"].replace("", "not recorded").value_counts()
+    lines.append("Libraries: " + "; ".join(f"{v} ({n} runs)" for v, n in versions.items()) + ".")
+    short = [c[:7] + ("+dirty" if c.endswith("+dirty") else "") for c in commits]
+    lines.append(f"Code: {', '.join(short) or 'unknown'} (git commits of the runs shown); data: the fingerprint above.")
     return lines

@@ -155,10 +155,29 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 if status == "FINISHED"
                 else np.nan,
                 "fit_minutes": get("metrics.fit_seconds", np.nan) / 60,  # an MLP's, without the time it was down
+                **environment(run),
                 **{f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS},
             }
         )
     return pd.DataFrame.from_records(records)
+
+
+LIBRARIES = ("torch", "lightning", "mlflow", "hydra-core", "numpy")  # as tracking/records.py tags them
+
+
+def environment(run: pd.Series) -> dict[str, str]:
+    """Where and with what the run computed (tags of tracking/records.py; '' for runs from before them)."""
+    model, flags = _text(run.get("tags.cpu_model")), _text(run.get("tags.cpu_flags"))
+    versions = [
+        f"{name} {run.get(f'tags.version.{name}')}" for name in LIBRARIES if present(run.get(f"tags.version.{name}"))
+    ]
+    if present(run.get("tags.python")):
+        versions.append(f"Python {run.get('tags.python')}")
+    return {
+        "cpu": f"{model} [{flags}]" if model else "",
+        "threads": pd.to_numeric(run.get("tags.torch_threads", np.nan), errors="coerce"),
+        "versions": ", ".join(versions),
+    }
 
 
 def assign_studies(runs: pd.DataFrame) -> pd.DataFrame:

@@ -113,6 +113,7 @@ class Report:
     data_effect: list[str]
     other_mixtures: list[str]
     sampled: list[str]
+    reproducibility: list[str]
     history: dict[str, list[tuple[str, list[float]]]]
     require_clean: bool = False
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
@@ -185,6 +186,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
     active = runs.sort_values(["start_time", "run_id"])
     data = {k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))}
     table = recipe.labelled(table) if study == recipe.STUDY else table  # its rows named by their steps
+    commits = sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""})
     evidence = Evidence.read(uri, table)
     table = with_intervals(table, evidence)
     curves, claims, findings = history(uri, table), check_claims(study, table, evidence), None
@@ -198,7 +200,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         source=newest["source"],
         fingerprint=fingerprint,
         data=data,
-        commits=sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""}),
+        commits=commits,
         table=table,
         extra=extra,
         attempts=attempts,
@@ -211,6 +213,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         data_effect=notes.data_effect(study, table, all_runs, fingerprint, data["vocab_size"]),
         other_mixtures=notes.other_mixtures(study, table, all_runs, fingerprint),
         sampled=notes.sampled_vs_exact(table),
+        reproducibility=notes.reproducibility(table, runs, evidence, commits),
         history=curves,
         require_clean=require_clean,
         left_out=left_out,
