@@ -1,4 +1,4 @@
-"""The claims a study checks, declared in nplm_repro/paper/claims.yaml (which rows, which direction, which threshold
+"""The claims a study checks, declared in nplm_repro/reporting/studies.yaml (which rows, which direction, which threshold
 or equivalence margin), applied by one engine: each pair of rows gets the paired 95% interval of its difference on
 test and one of three verdicts, and the claim the verdict of its pairs (the file's header says how).
 
@@ -8,6 +8,7 @@ inconclusive, its point difference shown.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -32,10 +33,23 @@ class Claim:
     evidence: tuple[str, ...]
 
 
+DEFAULT_STUDY = {"notes": ["sampled_vs_exact"]}  # what a study that studies.yaml does not name says
+
+
+@functools.cache
+def _studies() -> dict[str, dict[str, Any]]:
+    with resources.files("nplm_repro.reporting").joinpath("studies.yaml").open() as f:
+        return yaml.safe_load(f)
+
+
+def study_spec(study: str) -> dict[str, Any]:
+    """What nplm_repro/reporting/studies.yaml declares for `study`: its notes, findings and claims."""
+    return _studies().get(study, DEFAULT_STUDY)
+
+
 def declared(study: str) -> list[dict[str, Any]]:
-    """The claims nplm_repro/paper/claims.yaml declares for `study` (none for a study it does not name)."""
-    with resources.files("nplm_repro.paper").joinpath("claims.yaml").open() as f:
-        return yaml.safe_load(f).get(study) or []
+    """The claims declared for `study` (none for a study that declares none)."""
+    return study_spec(study).get("claims") or []
 
 
 class Numbers:

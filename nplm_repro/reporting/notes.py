@@ -4,11 +4,14 @@ moves, the mixed rows with the paper's other weightings, and sampled against exa
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_key
+from nplm_repro.reporting.claims import study_spec
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import newest_finished, run_name, run_text
@@ -27,13 +30,23 @@ HOW_TRAINED = (
 )
 
 
-def excluded(study: str, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
+@dataclass(frozen=True)
+class Context:
+    """What every note reads: the study, its table, every run of the experiment, the data reported and |V|."""
+
+    study: str
+    table: pd.DataFrame
+    all_runs: pd.DataFrame
+    fingerprint: str
+    vocab: str
+
+
+def excluded(ctx: Context) -> list[str]:
     """Runs of this data and study, or named after a row of this paper table, that are not in the table, and why.
 
     Runs excluded for the same reason share one line (a whole other study, such as brown_mixtures, is one line).
     """
-    if study not in PAPER_TABLES:
-        return []
+    study, all_runs, fingerprint = ctx.study, ctx.all_runs, ctx.fingerprint
     paper = paper_table(study)
     names = set(paper["row"])
     by_columns = {row_key(r["family"], r): label(r) for _, r in paper.iterrows()}
@@ -70,22 +83,18 @@ def _excluded_line(why: str, runs: list[pd.Series]) -> str:
     return f"{why}: {len(runs)} runs, {names}" + (f" (mix {mixes})" if mixes else "") + f"; seeds {seeds}"
 
 
-def data_effect(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str, vocab: str) -> list[str]:
+def data_effect(ctx: Context) -> list[str]:
     """For a paper's table: the n-gram rows' gap to the paper, and how |V| alone moves them (data_effect.py)."""
-    if study not in PAPER_TABLES or not vocab:
+    study, table, all_runs, fingerprint, vocab = ctx.study, ctx.table, ctx.all_runs, ctx.fingerprint, ctx.vocab
+    if not vocab:
         return []
     offset = ngram_offset(table)
     corpus = all_runs[all_runs["fingerprint"] == fingerprint]["corpus"].iloc[0]
     other = all_runs[(all_runs["corpus"] == corpus) & (all_runs["fingerprint"] != fingerprint)]
     paper_vocab = PAPER_DATA[PAPER_TABLES[study]]["vocab_size"] if corpus == PAPER_TABLES[study] else None
     slopes = vocabulary_slope(table, other, int(vocab), paper_vocab)
-    if not slopes and study == "brown_table1":
-        hint = (
-            "How |V| alone moves them is not measured in this store: run "
-            "`nplm-train -m study=brown_vocab data.path=...` (the n-gram rows with words seen <= 4 times "
-            "merged, |V| just below the paper's) and rebuild this report."
-        )
-        slopes = [hint]
+    if not slopes and "vocab_hint" in study_spec(study):
+        slopes = [study_spec(study)["vocab_hint"]]
     return ([offset] if offset else []) + slopes
 
 
@@ -94,11 +103,10 @@ def _unmixed(config: str) -> str:
     return json.dumps({k: v for k, v in json.loads(config).items() if k != "model.mix"})
 
 
-def other_mixtures(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fingerprint: str) -> list[str]:
+def other_mixtures(ctx: Context) -> list[str]:
     """The paper's mixed rows with its two other weightings of the same MLP (paper §2, "Mixture of models",
     p. 1143; sweeps/brown_mixtures.yaml): the MLP's weight learned on validation says why a fixed 0.5 helps or not."""
-    if study not in PAPER_TABLES:
-        return []
+    table, all_runs, fingerprint = ctx.table, ctx.all_runs, ctx.fingerprint
     finished = (all_runs["fingerprint"] == fingerprint) & (all_runs["state"] == "finished")
     runs = all_runs[finished & all_runs["mix"].isin(["learned", "context"])]
     runs = runs.assign(mlp_config=runs["config"].map(_unmixed))
@@ -124,9 +132,10 @@ def other_mixtures(study: str, table: pd.DataFrame, all_runs: pd.DataFrame, fing
     return lines
 
 
-def sampled_vs_exact(table: pd.DataFrame) -> list[str]:
+def sampled_vs_exact(ctx: Context) -> list[str]:
     """Each trained MLP configuration run both ways: its sampled training against its exact training, on the
     exact perplexities of both, with epochs, wall time and the speed-up (exact minutes / sampled minutes)."""
+    table = ctx.table
     trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
     pairs: dict[str, dict[str, tuple[pd.Series, dict]]] = {}
     for _, row in trained.iterrows():
@@ -153,6 +162,23 @@ def sampled_vs_exact(table: pd.DataFrame) -> list[str]:
                 f"{speedup:.1f}x faster"
             )
     return lines
+
+
+# The notes a study may declare (nplm_repro/reporting/studies.yaml), each with its heading
+NOTES: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
+    "data_effect": ("What our data alone moves", data_effect),
+    "other_mixtures": ("The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)", other_mixtures),
+    "sampled_vs_exact": (
+        "Sampled against exact training (same model, seed and data; exact perplexities of both)",
+        sampled_vs_exact,
+    ),
+    "excluded": ("Excluded (named after a row of the paper's table, but not in it)", excluded),
+}
+
+
+def declared_notes(ctx: Context) -> list[tuple[str, list[str]]]:
+    """The notes `ctx.study` declares, in its order: (heading, lines)."""
+    return [(NOTES[name][0], NOTES[name][1](ctx)) for name in study_spec(ctx.study)["notes"]]
 
 
 def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence, commits: list[str]) -> list[str]:

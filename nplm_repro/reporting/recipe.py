@@ -19,7 +19,6 @@ from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import present
 
-STUDY = "brown_recipe"
 TABLE1 = "brown_table1"  # where the fast rows are: Table 1 as reproduced, in the same store
 TARGET = 0.03  # the paper-recipe MLPs should be within 3% of the paper's valid and test perplexities
 TARGET_ROWS = ("MLP5", "MLP9")
@@ -253,9 +252,10 @@ def _ending(run: pd.Series, seeds: list[tuple[str, list[float]]]) -> str:
     return f"{len(curve)} epochs, ended by {how} (trainer.max_epochs={limit}), best at epoch {best}; last epochs {last}"
 
 
-def claims(uri: str, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
-    """Table 1's claims with the MLP rows taken from the paper-recipe runs only (the other MLP rows are not
-    measured with that recipe) and the n-gram rows from brown_table1 (no recipe: they are counted)."""
+def claims(uri: str, claims_of: str, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
+    """The claims of study `claims_of` (Table 1's) with the MLP rows taken from the paper-recipe runs only (the
+    other MLP rows are not measured with that recipe) and the n-gram rows from brown_table1 (no recipe: they are
+    counted)."""
     ours = _rows(table, STEPS[0])
     counted = table1.set_index("label") if table1 is not None else pd.DataFrame()
     rows = []
@@ -270,7 +270,7 @@ def claims(uri: str, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[C
             row |= counted.loc[name, ["status", "valid_ppl", "test_ppl", "run_ids"]].to_dict()
         rows.append(row)
     found = pd.DataFrame.from_records(rows)
-    return check_claims(TABLE1, found, Evidence.read(uri, found))
+    return check_claims(claims_of, found, Evidence.read(uri, found))
 
 
 @dataclass(frozen=True)

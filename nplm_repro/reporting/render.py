@@ -96,14 +96,12 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
         for r in report.other_data.itertuples()
     ]
     lists = [
-        ("What our data alone moves", report.data_effect),
-        ("The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)", report.other_mixtures),
-        ("Sampled against exact training (same model, seed and data; exact perplexities of both)", report.sampled),
+        *report.notes,
         ("Missing (no run)", report.missing),
         ("Running (shown as running, never as a number)", _runs_list(report.running)),
         ("Failed or killed", _runs_list(report.failed)),
-        ("Excluded (named after a row of the paper's table, but not in it)", report.excluded),
         ("Other data fingerprints (not mixed in; pass --fingerprint to report one)", others),
+        ("Reproducibility (the ML Reproducibility Checklist)", report.reproducibility),
     ]
     claims = tuple(Item(f": {c.verdict}.", lead=c.text, under=c.evidence) for c in report.claims)
     attempts = attempts_table(report)
@@ -209,7 +207,10 @@ def html_page(report: Report, figures: list[str]) -> str:
 
 
 def _latex_escape(text: str) -> str:
-    return "".join(rf"\{ch}" if ch in "&%$#_{}" else ch for ch in text)
+    r"""LaTeX's special characters escaped: a backslash before most; \, ~ and ^ have no such form (\\ breaks the
+    line, \~ and \^ are accents), so they become the characters' own commands."""
+    commands = {"\\": r"\textbackslash{}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+    return "".join(commands.get(ch, rf"\{ch}" if ch in "&%$#_{}" else ch) for ch in text)
 
 
 def latex(report: Report) -> str:

@@ -4,6 +4,7 @@ tried per row, the claims checked, and everything else a report says, before any
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,7 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, label, paper_table, row_key
 from nplm_repro.reporting import notes, recipe
-from nplm_repro.reporting.claims import Claim, check_claims
+from nplm_repro.reporting.claims import Claim, check_claims, study_spec
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import (
     assign_studies,
@@ -108,16 +109,13 @@ class Report:
     evidence: Evidence
     running: pd.DataFrame
     failed: pd.DataFrame
-    excluded: list[str]
     other_data: pd.DataFrame
-    data_effect: list[str]
-    other_mixtures: list[str]
-    sampled: list[str]
+    notes: list[tuple[str, list[str]]]  # the lists the study declares under its table: (heading, lines)
     reproducibility: list[str]
     history: dict[str, list[tuple[str, list[float]]]]
     require_clean: bool = False
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
-    recipe: recipe.Findings | None = None  # sweeps/brown_recipe.yaml's only
+    recipe: recipe.Findings | None = None  # a study that declares `findings: recipe` (brown_recipe)
 
     @property
     def command(self) -> str:
@@ -185,14 +183,18 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
     )
     active = runs.sort_values(["start_time", "run_id"])
     data = {k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))}
-    table = recipe.labelled(table) if study == recipe.STUDY else table  # its rows named by their steps
     commits = sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""})
+    spec = study_spec(study)
+    finder = FINDERS.get(spec.get("findings", ""))
+    table = finder.rows(table) if finder else table
     evidence = Evidence.read(uri, table)
     table = with_intervals(table, evidence)
     curves, claims, findings = history(uri, table), check_claims(study, table, evidence), None
-    if study == recipe.STUDY:
+    if finder:
         table1 = fast_table1(all_runs, fingerprint)
-        claims, findings = recipe.claims(uri, table, table1), recipe.findings(table, table1, curves)
+        claims = finder.claims(uri, spec["claims_of"], table, table1)
+        findings = finder.findings(table, table1, curves)
+    context = notes.Context(study, table, all_runs, fingerprint, data["vocab_size"])
     return Report(
         study=study,
         experiment=experiment,
@@ -208,17 +210,26 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         evidence=evidence,
         running=active[active["state"] == "running"],
         failed=active[active["state"] == "failed"],
-        excluded=notes.excluded(study, all_runs, fingerprint),
         other_data=other_data,
-        data_effect=notes.data_effect(study, table, all_runs, fingerprint, data["vocab_size"]),
-        other_mixtures=notes.other_mixtures(study, table, all_runs, fingerprint),
-        sampled=notes.sampled_vs_exact(table),
+        notes=notes.declared_notes(context),
         reproducibility=notes.reproducibility(table, runs, evidence, commits),
         history=curves,
         require_clean=require_clean,
         left_out=left_out,
         recipe=findings,
     )
+
+
+@dataclass(frozen=True)
+class Finder:
+    """A study's own sections (studies.yaml `findings`): how its rows are named, its claims, its findings."""
+
+    rows: Callable[[pd.DataFrame], pd.DataFrame]
+    claims: Callable[[str, str, pd.DataFrame, pd.DataFrame | None], list[Claim]]
+    findings: Callable[..., recipe.Findings]
+
+
+FINDERS = {"recipe": Finder(recipe.labelled, recipe.claims, recipe.findings)}
 
 
 def fast_table1(all_runs: pd.DataFrame, fingerprint: str) -> pd.DataFrame | None:
