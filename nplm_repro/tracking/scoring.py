@@ -10,9 +10,8 @@ weights fitted again on validation by the same EM. Each scores through the code 
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -36,8 +35,6 @@ from nplm_repro.tracking.kept import artifacts, download, kept_scores
 from nplm_repro.tracking.keys import is_neural
 from nplm_repro.tracking.store import redact, store_error
 
-log = logging.getLogger(__name__)
-
 CHECKPOINT = "checkpoints/best.ckpt"
 TEXT = "text"  # the span a user's text takes in the corpus built around it
 
@@ -50,7 +47,6 @@ class Tokens:
     span: str
     unk: int = 0
     texts: int = 0
-    words: list[str] = field(default_factory=list)
 
     @classmethod
     def of_split(cls, corpus: Corpus, split: str) -> Tokens:
@@ -162,7 +158,7 @@ class RunScorer:
         unk = index[UNK]
         ids = torch.tensor([index.get(w, unk) for w in words], dtype=torch.int64)
         corpus = Corpus(self.corpus.name, self.corpus.vocab, ids, {TEXT: (0, len(ids))}, texts=(path.name,))
-        return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, words)
+        return Tokens(corpus, TEXT, int((ids == unk).sum()), 1)
 
     def logprob(self, tokens: Tokens) -> np.ndarray:
         """ln P of every token (float64 from a count, float32 values from an MLP's exact softmax)."""
