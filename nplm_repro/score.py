@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import logging
 import math
 import os
 import sys
@@ -132,6 +133,7 @@ def backfill(scorer: RunScorer) -> str:
 
 def _main() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run's kept scores otherwise
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # its device and tip lines, at every Trainer
     args = _arguments()
     path = sqlite_file(args.tracking_uri)
     if path is not None and not path.is_file():
