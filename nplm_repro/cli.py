@@ -1,5 +1,5 @@
 """How commands end: a bad key or value is one line and exit 2, any other error one line and exit 1, Ctrl-C or
-SIGTERM one line and exit 130 (a run being recorded ends KILLED)."""
+SIGTERM one line and exit 130 (a run being recorded ends KILLED). The same rule holds in a single run and a sweep."""
 
 from __future__ import annotations
 
@@ -37,28 +37,52 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.exit(code)
 
 
-_user_wants_traceback = False  # HYDRA_FULL_ERROR as the user set it, before `cli` sets it for its own use
+HYDRA_TRACEBACK = "HYDRA_FULL_ERROR"  # Hydra's switch for its own commands
+TRACEBACK = "NPLM_FULL_ERROR"  # the same switch for a command that is not Hydra's (nplm-report)
+_traceback_env = HYDRA_TRACEBACK  # the switch of the running command, named in the line of an unexpected error
+_user_wants_traceback = False  # that switch as the user set it, before `cli` sets HYDRA_FULL_ERROR for its own use
+# Set on a sweep job's error before Hydra raises it again at the sweep's end (a plain attribute, kept when a
+# launcher pickles the error back from its worker): `cli` then gives it the exit code it gets in a single run
+RAISED_BY_JOB = "nplm_raised_by_job"
 
 
 def _unexpected(error: Exception) -> str:
-    return f"{type(error).__name__}: {one_line(error)} (HYDRA_FULL_ERROR=1 shows the traceback)"
+    return f"{type(error).__name__}: {one_line(error)} ({_traceback_env}=1 shows the traceback)"
+
+
+def exit_code(error: Exception, in_job: bool) -> int:
+    """One rule for a single run and a sweep's jobs: NplmError is bad input (2); so is an error of Hydra or
+    OmegaConf raised outside any job, i.e. the command line refused (an unknown key, a missing option); any other
+    error, Hydra's InstantiationException from a job included, is unexpected (1)."""
+    if isinstance(error, NplmError) or (not in_job and isinstance(error, (HydraException, OmegaConfBaseException))):
+        return EXIT_BAD_INPUT
+    return EXIT_FAILED
+
+
+def _fail_with(error: Exception, in_job: bool) -> NoReturn:
+    if exit_code(error, in_job) == EXIT_FAILED:
+        _fail(_unexpected(error), EXIT_FAILED)
+    message = one_line(error)
+    _fail(message + "".join(hint for words, hint in HINTS.items() if words in message))
 
 
 @contextlib.contextmanager
-def errors_exit() -> Iterator[None]:
-    """Inside a single Hydra job: NplmError becomes one line and exit 2, any other exception one line and exit 1.
+def errors_exit(sweep: bool = False) -> Iterator[None]:
+    """Inside a Hydra job: NplmError becomes one line and exit 2, any other exception one line and exit 1 (`exit_code`).
     SystemExit bypasses Hydra's own report ("Error executing job with overrides: ..."), which would come first.
 
-    Not in a sweep: there a job's error is its failure, and `cli` prints it once the sweep ends.
+    In a sweep (`sweep`) a job's error is its failure: it goes on to Hydra, marked RAISED_BY_JOB, and `cli` prints
+    it once the sweep ends, with the exit code it has here.
     """
     try:
         yield
-    except NplmError as error:
-        _fail(one_line(error))
     except Exception as error:
-        if _user_wants_traceback:
+        if sweep:
+            setattr(error, RAISED_BY_JOB, True)
             raise
-        _fail(_unexpected(error), EXIT_FAILED)
+        if _user_wants_traceback and not isinstance(error, NplmError):
+            raise
+        _fail_with(error, in_job=True)
 
 
 # How a study ran before the studies became the config group `study`: sweeps/ as Hydra's config directory
@@ -93,29 +117,25 @@ def study_form(argv: list[str]) -> list[str]:
 INTERRUPTED = "interrupted (any run it was recording is now KILLED; the same command resumes it)"
 
 
-def cli(main: Callable[[], Any]) -> Callable[[], None]:
-    """Wrap a @hydra.main function: a bad key or value (NplmError, from a job too) prints `prog: error: ...` and
-    exits 2; any other exception prints `prog: error: <type>: ...` and exits 1 (a run keeps its traceback in
-    error.txt).
+def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callable[[], None]:
+    """Wrap a command's main function (@hydra.main's, or argparse's with `traceback_env=TRACEBACK`): a bad key or
+    value (NplmError, from a job too) prints `prog: error: ...` and exits 2; any other exception prints
+    `prog: error: <type>: ...` and exits 1 (a run keeps its traceback in error.txt), as `exit_code` says.
 
     Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
-    us, and keep the full traceback when the user set it. Ctrl-C or SIGTERM: one line and exit 130. A study's
-    command of before, `-cd sweeps -cn <study>`, runs as `study=<study>` (`study_form`).
+    us, and keep the full traceback when the user set `traceback_env`. Ctrl-C or SIGTERM: one line and exit 130.
+    A study's command of before, `-cd sweeps -cn <study>`, runs as `study=<study>` (`study_form`).
     """
 
     @functools.wraps(main)
     def run() -> None:
-        global _user_wants_traceback
-        _user_wants_traceback = bool(os.environ.get("HYDRA_FULL_ERROR"))
-        os.environ["HYDRA_FULL_ERROR"] = "1"
+        global _traceback_env, _user_wants_traceback
+        _traceback_env = traceback_env
+        _user_wants_traceback = bool(os.environ.get(traceback_env))
+        os.environ[HYDRA_TRACEBACK] = "1"
         try:
             sys.argv[1:] = study_form(sys.argv[1:])
             main()
-        except (HydraException, OmegaConfBaseException, NplmError) as error:
-            if _user_wants_traceback:
-                raise
-            message = one_line(error)
-            _fail(message + "".join(hint for words, hint in HINTS.items() if words in message))
         except (KeyboardInterrupt, SystemExit) as error:
             if not interrupted(error) or _user_wants_traceback:
                 raise
@@ -124,6 +144,6 @@ def cli(main: Callable[[], Any]) -> Callable[[], None]:
         except Exception as error:
             if _user_wants_traceback:
                 raise
-            _fail(_unexpected(error), EXIT_FAILED)
+            _fail_with(error, in_job=getattr(error, RAISED_BY_JOB, False))
 
     return run

@@ -10,14 +10,12 @@ nplm-train experiment=mlp5 hparams_search=paper_lr   # Optuna searches optim=pap
 
 from __future__ import annotations
 
-import contextlib
-
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from nplm_repro.checks import check_config
+from nplm_repro.checks import check_job
 from nplm_repro.cli import cli, errors_exit
 from nplm_repro.errors import sigterm_interrupts
 from nplm_repro.memory import keep_freed_memory
@@ -30,8 +28,8 @@ def _main(cfg: DictConfig) -> float:
     """One job; its validation perplexity is what a search (hparams_search=..., Optuna's sweeper) minimises."""
     keep_freed_memory()
     sigterm_interrupts()  # in joblib's and submitit's workers too, which run only this function
-    with contextlib.nullcontext() if HydraConfig.get().mode == RunMode.MULTIRUN else errors_exit():
-        check_config(cfg)
+    with errors_exit(sweep=HydraConfig.get().mode == RunMode.MULTIRUN):
+        check_job(cfg)
         _, metrics = run(cfg)
     return metrics["valid_ppl"]
 

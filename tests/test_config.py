@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from helpers import composed
+from omegaconf import OmegaConf
 
-from nplm_repro.checks import check_config
+from nplm_repro.checks import check_config, check_resolves
 from nplm_repro.errors import NplmError
 
 
@@ -85,6 +86,20 @@ def test_h0_without_direct_is_refused() -> None:
         ("model.n=1", "model.n=1 is invalid"),
         ("experiment=mlp99", "Could not find 'experiment/mlp99'"),
         ("+experiment=mlp5", "write experiment=<row>, without the +"),  # the form before experiment: null
+        ("seed=-1", "seed=-1 is invalid: expected an integer from 0 to 4294967295"),  # numpy's bounds
+        ("seed=4294967296", "seed=4294967296 is invalid: expected an integer from 0 to 4294967295"),
+        (
+            "optim.batch_size=100000000",
+            "optim.batch_size=100000000 is larger than the training split (data.split.train=800000)",
+        ),
+        (
+            "note=costs ${oops}",
+            (
+                r"note='costs ${oops}' cannot be resolved: Interpolation key 'oops' not found; "
+                r"a literal ${ is written \${: 'note=costs \${oops}'"
+            ),
+        ),
+        ("hydra.run.dir=/proc/nope", "hydra.run.dir=/proc/nope: cannot create this directory (No such file or"),
     ],
 )
 def test_cli_bad_config_is_one_line_and_nonzero_exit(override: str, message: str, tmp_path: Path) -> None:
@@ -99,3 +114,19 @@ def test_cli_bad_config_is_one_line_and_nonzero_exit(override: str, message: str
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("train.py: error:")
     assert not (tmp_path / "m.db").exists()  # nothing was written to the store
+
+
+def test_a_literal_dollar_brace_is_written_as_the_error_says() -> None:
+    """The advice of the error above, `\\${`, gives the text as typed; an interpolation that resolves stays one."""
+    assert composed(r"note=costs \${oops}").note == "costs ${oops}"
+    check_resolves(OmegaConf.create({"note": r"costs \${oops}", "seed": 3, "copy": "${seed}"}))
+
+
+def test_an_interpolation_that_does_not_resolve_names_its_key_wherever_it_is() -> None:
+    cfg = OmegaConf.create({"data": {"drop_lines": ["a", "x ${nowhere}"]}})
+    with pytest.raises(NplmError, match=r"^data.drop_lines\[1\]='x \$\{nowhere\}' cannot be resolved: "):
+        check_resolves(cfg)
+
+
+def test_a_batch_of_the_whole_training_split_is_allowed() -> None:
+    check_config(composed("debug=default", "optim.batch_size=20000"))

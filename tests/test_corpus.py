@@ -1,9 +1,12 @@
 """The Brown preprocessing facts on the real zip, the windows, and the corpus errors (also through `nplm-train`)."""
 
+import bz2
+import gzip
 import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from nplm_repro.data.brown import find_brown, prepare_brown
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.windows import WindowBatches, split_context, windows
-from nplm_repro.errors import NplmError
+from nplm_repro.errors import NplmError, one_line
 
 
 def test_brown_stream_facts(brown: Corpus) -> None:
@@ -134,6 +137,21 @@ def test_truncated_zip_is_one_clear_error(tiny_brown_path: Path, tmp_path: Path)
         prepare_brown(str(broken))
 
 
+@pytest.mark.parametrize(
+    "pack,said",
+    [(gzip.compress, "a gzip file, not a zip: unpack it"), (bz2.compress, "a bzip2 file, not a zip: unpack it")],
+)
+def test_a_compressed_corpus_given_for_the_zip_says_what_it_is(
+    pack: Callable[[bytes], bytes], said: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """zipfile's "File is not a zip file" (said twice) did not tell a damaged zip from a compressed one."""
+    packed = tmp_path / "brown.zip"
+    packed.write_bytes(pack(tiny_brown_path.read_bytes()))
+    with pytest.raises(NplmError) as error:
+        prepare_brown(str(packed))
+    assert one_line(error.value) == f"{packed}: {said} and give the zip or folder it holds"
+
+
 def test_zip_without_texts_is_one_clear_error(tmp_path: Path) -> None:
     empty = tmp_path / "brown.zip"
     with zipfile.ZipFile(empty, "w") as archive:
@@ -166,6 +184,7 @@ def brown_zip(path: Path, texts: dict[str, str | bytes]) -> str:
     [
         ("missing", "Brown corpus not found (looked in: {tmp}/nowhere.zip); "),
         ("truncated", "{tmp}/brown.zip: corrupt or truncated zip ("),
+        ("gzip", "{tmp}/brown.zip: a gzip file, not a zip: unpack it and give the zip or folder it holds"),
         pytest.param("no texts", "{tmp}/brown.zip: no Brown texts (ca01..cr09) found; ", marks=pytest.mark.slow),
         pytest.param("empty", "{tmp}/brown.zip: the corpus is empty (no words in 1 texts)", marks=pytest.mark.slow),
         pytest.param("too small", "the corpus has 4 tokens, too few for the requested splits ", marks=pytest.mark.slow),
@@ -175,12 +194,15 @@ def brown_zip(path: Path, texts: dict[str, str | bytes]) -> str:
 def test_bad_corpus_is_one_line_exit_2_and_no_run(
     case: str, message: str, tiny_brown_path: Path, tmp_path: Path
 ) -> None:
-    """`nplm-train` as a user runs it: the corpus is read before any MLflow run is opened, so none is left."""
+    """`nplm-train` as a user runs it: the corpus is read before any MLflow run is opened, so none is left; a path
+    that is not there, or not a zip, stops before the store is even created."""
     corpus = tmp_path / "brown.zip"
     if case == "missing":
         corpus = tmp_path / "nowhere.zip"
     elif case == "truncated":
         corpus.write_bytes(half_of(tiny_brown_path))
+    elif case == "gzip":
+        corpus.write_bytes(gzip.compress(tiny_brown_path.read_bytes()))
     else:
         texts = {
             "no texts": {"README": "nothing"},
@@ -196,6 +218,7 @@ def test_bad_corpus_is_one_line_exit_2_and_no_run(
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("nplm-train: error: " + message.format(tmp=tmp_path)), lines[-1]
     assert [line for line in lines if "error" in line.lower()] == [lines[-1]] and "Traceback" not in result.stderr
+    assert (tmp_path / "mlflow.db").exists() == (case not in ("missing", "truncated", "gzip"))
     client = MlflowClient(uri)
     assert not client.search_runs([e.experiment_id for e in client.search_experiments()])  # none left RUNNING
     assert not list(tmp_path.glob("outputs/*/*/checkpoints"))

@@ -303,10 +303,13 @@ def test_sigterm_on_a_sweep_kills_the_runs_it_resumed_from_an_earlier_sweep(brow
         pytest.param("bogus://x", "tracking store 'bogus://x' is unusable: ", marks=pytest.mark.slow),
     ],
 )
-def test_unusable_tracking_store_is_one_line_before_any_work(uri: str, message: str, tmp_path: Path) -> None:
-    """MLflow's own client would retry an unreachable server for minutes; the check answers in seconds."""
+def test_unusable_tracking_store_is_one_line_before_any_work(
+    uri: str, message: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """MLflow's own client would retry an unreachable server for minutes; the check answers in seconds. (The
+    corpus's path is checked before: it must be there.)"""
     train = subprocess.run(
-        [NPLM_TRAIN, "experiment=kn3", f"tracking.uri={uri}"],
+        [NPLM_TRAIN, "experiment=kn3", f"data.path={tiny_brown_path}", f"tracking.uri={uri}"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -342,6 +345,35 @@ def test_a_cache_that_is_a_file_is_one_line_and_no_run(brown_path: Path, tmp_pat
         f"nplm-train: error: cache directory {tmp_path / 'cache'} is not a directory: point NPLM_CACHE at a directory"
     )
     assert runs_if_any(uri) == []
+
+
+def cache_refused(cache: Path, tiny_brown_path: Path, workdir: Path) -> str:
+    """The error of a run whose $NPLM_CACHE is `cache`, after checking that it was one line, exit 2 and no store."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    train = [NPLM_TRAIN, f"data.path={tiny_brown_path}", "experiment=kn3", f"tracking.uri={uri}"]
+    env = os.environ | {"NPLM_CACHE": str(cache)}
+    result = subprocess.run(train, cwd=workdir, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 2 and not (workdir / "mlflow.db").exists()
+    (line,) = result.stderr.strip().splitlines()
+    return line
+
+
+def test_a_cache_that_cannot_be_created_is_one_line_and_no_store(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """NPLM_CACHE=/proc/... was a FileNotFoundError (exit 1) that never named NPLM_CACHE, after the store was made."""
+    assert cache_refused(Path("/proc/nplm_cache"), tiny_brown_path, tmp_path) == (
+        "nplm-train: error: cache directory /proc/nplm_cache/locks cannot be created (No such file or directory): "
+        "point NPLM_CACHE at a writable directory"
+    )
+
+
+def test_a_read_only_cache_is_one_line_and_no_store(tiny_brown_path: Path, small_disk: Path) -> None:
+    """Its lock files could not be written: a PermissionError or OSError (exit 1) once the store was made."""
+    (small_disk / "cache" / "locks").mkdir(parents=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    assert cache_refused(small_disk / "cache", tiny_brown_path, small_disk.parent) == (
+        f"nplm-train: error: cache directory {small_disk}/cache/locks is not writable: "
+        "point NPLM_CACHE at a writable directory"
+    )
 
 
 @pytest.mark.slow
@@ -492,11 +524,12 @@ def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path
 
 
 @pytest.mark.slow
-def test_mlflow_tracking_uri_pointing_nowhere_is_one_line_before_any_work(tmp_path: Path) -> None:
+def test_mlflow_tracking_uri_pointing_nowhere_is_one_line_before_any_work(
+    tiny_brown_path: Path, tmp_path: Path
+) -> None:
     env = os.environ | {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
-    result = subprocess.run(
-        [NPLM_TRAIN, "experiment=kn3"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
-    )
+    train = [NPLM_TRAIN, "experiment=kn3", f"data.path={tiny_brown_path}"]
+    result = subprocess.run(train, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "nplm-train: error: tracking store 'http://127.0.0.1:9' is unreachable: ConnectionError on /health"

@@ -380,6 +380,57 @@ def test_require_clean_leaves_the_runs_of_dirty_trees_out_and_says_how_many(
     assert (table.loc["MLP1", "seeds"], table.loc["MLP1", "valid_ppl"]) == (1, 280)  # seed 1 alone
 
 
+@pytest.mark.parametrize(
+    "out,said",
+    [
+        ("a-file", "--out {tmp}/a-file: {tmp}/a-file is a file, not a directory"),
+        ("a-file/reports", "--out {tmp}/a-file/reports: {tmp}/a-file is a file, not a directory"),
+        ("/proc/forbidden", "--out /proc/forbidden: cannot create a directory in /proc (No such file or directory)"),
+    ],
+)
+def test_an_out_that_cannot_be_a_directory_is_one_line_before_the_store_is_read(
+    out: str, said: str, tmp_path: Path
+) -> None:
+    """A raw FileExistsError or FileNotFoundError (exit 1) once the report was built; now the first thing checked:
+    the store named here does not exist, and the line is about --out."""
+    (tmp_path / "a-file").write_text("")
+    where = out if out.startswith("/") else str(tmp_path / out)
+    result = run_script("nplm-report", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--out", where, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"nplm-report: error: {said.format(tmp=tmp_path)}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no store, no report, no probe left
+
+
+def test_an_unexpected_error_of_nplm_report_names_its_own_traceback_switch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """HYDRA_FULL_ERROR means nothing to nplm-report, which is not a Hydra command: NPLM_FULL_ERROR is its switch."""
+
+    def broken(*args: object) -> Report:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(report, "build", broken)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # restored after the test: the CLI wrapper sets it
+    monkeypatch.delenv("NPLM_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["nplm-report", "--out", str(tmp_path / "reports")])
+    with pytest.raises(SystemExit) as exit_:
+        report.main()
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == (
+        "nplm-report: error: RuntimeError: a bug (NPLM_FULL_ERROR=1 shows the traceback)\n"
+    )
+    monkeypatch.setenv("NPLM_FULL_ERROR", "1")
+    with pytest.raises(RuntimeError, match="a bug"):
+        report.main()
+
+
+def test_latex_escapes_backslash_tilde_and_caret_as_well() -> None:
+    r"""\, ~ and ^ went into the .tex as they were: the start of a command, a non-breaking space, a math-mode error."""
+    assert render._latex_escape(r"a\b ~c ^d & 5% $1 #2 x_y {z}") == (
+        r"a\textbackslash{}b \textasciitilde{}c \textasciicircum{}d \& 5\% \$1 \#2 x\_y \{z\}"
+    )
+
+
 def test_nothing_is_written_unless_every_file_is(
     table1: Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

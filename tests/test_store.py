@@ -2,17 +2,19 @@
 is lost or shared."""
 
 import subprocess
+import sys
 from pathlib import Path
 
 import alembic.command
 import mlflow
 import pytest
 import sqlalchemy
-from helpers import SLICE, console_script
+from helpers import SLICE, console_script, run_script
 from mlflow.store.db.utils import _get_alembic_config
 from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking import locks
 from nplm_repro.tracking.ledger import own_dir
 from nplm_repro.tracking.store import check_store
 
@@ -141,3 +143,59 @@ def test_a_store_whose_table_exists_only_as_its_copy_is_refused_unchanged(tmp_pa
         " RENAME TO latest_metrics', then run again"
     )
     assert path.read_bytes() == before
+
+
+def test_a_store_in_a_folder_that_does_not_exist_is_refused_and_the_folder_not_made(
+    tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """A typo in tracking.uri used to create its folders (the store lock's file did) and start a new store there. A
+    sweep checks the store before its first job (Hydra only warned of the error and ran the jobs against it)."""
+    uri = f"sqlite:///{tmp_path}/typo/dir/m.db"
+    said = f"tracking store '{uri}': no folder {tmp_path}/typo/dir (a new store's file is created, never its folder)"
+    for sweep in ([], ["-m"]):
+        command = [*sweep, f"data.path={tiny_brown_path}", "experiment=kn3", f"tracking.uri={uri}"]
+        result = run_script("nplm-train", *command, cwd=tmp_path)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [
+            f"nplm-train: error: {said}: create the folder, or correct the path"
+        ]
+        assert not (tmp_path / "typo").exists()
+
+
+def test_a_store_lock_another_process_holds_stops_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock held past the wait used to be dropped with a warning, opening the store in the race it prevents."""
+    path = tmp_path / "m.db"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import filelock, sys; held = filelock.FileLock('{path}.lock'); held.acquire(); print(flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        holder.stdout.readline()  # the lock is held
+        monkeypatch.setattr(locks, "STORE_LOCK_WAIT", 1.0)
+        with pytest.raises(NplmError) as error:
+            check_store(f"sqlite:///{path}")
+    finally:
+        holder.communicate("")
+    assert str(error.value) == (
+        f"tracking store {path}: another process holds its lock {path}.lock (waited 1 s): "
+        "let that command finish, or stop it"
+    )
+    assert not path.exists()
+
+
+def test_a_store_lock_that_cannot_be_taken_says_why(tmp_path: Path) -> None:
+    """An OSError taking the lock used to be ignored: the store was opened without it."""
+    path = tmp_path / "m.db"
+    Path(f"{path}.lock").mkdir()
+    with pytest.raises(NplmError) as error:
+        check_store(f"sqlite:///{path}")
+    assert str(error.value) == f"tracking store {path}: cannot take its lock {path}.lock (Is a directory)"
+    assert not path.exists()

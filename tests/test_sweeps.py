@@ -11,7 +11,7 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
-from helpers import CONF, SLICE_5K, composed, composed_study, run_script
+from helpers import CONF, SLICE_5K, composed, composed_study, data_slice, run_script
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
@@ -281,6 +281,23 @@ def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(tiny_brown_path: 
     assert result.stderr.strip().splitlines()[-1] == "nplm-train: error: model.n=1 is invalid: expected an integer >= 2"
     parent, jobs = split(runs_of(uri))
     assert parent["status"] == "FAILED" and jobs.empty
+
+
+TINY_SLICE = data_slice(5_000, 1_000, 1_000)  # of tests/data/tiny_brown.zip's 10,973 tokens
+
+
+def test_an_error_of_a_job_exits_as_in_a_single_run(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """Hydra's InstantiationException from a job (here a model given a keyword it does not take) is unexpected:
+    exit 1 with its type in a single run, and it was exit 2 without it in a sweep. One rule for both."""
+    job = [f"data.path={tiny_brown_path}", *TINY_SLICE, "experiment=kn3", "+model.foo=1"]
+    job.append(f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    said = (
+        "nplm-train: error: InstantiationException: Error in call to target 'nplm_repro.baselines.ngram.KneserNey':: "
+        "KneserNey.__init__() got an unexpected keyword argument 'foo' (HYDRA_FULL_ERROR=1 shows the traceback)"
+    )
+    for mode in ([], ["-m", "hydra/launcher=basic"]):
+        result = run_script("nplm-train", *mode, *job, cwd=tmp_path)
+        assert (result.returncode, result.stderr.strip().splitlines()[-1]) == (1, said)
 
 
 @pytest.mark.parametrize("override,key", [("threads=0", "threads"), ("rerun=2", "rerun")])

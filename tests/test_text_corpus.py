@@ -164,6 +164,41 @@ def test_undecodable_text_names_the_file_and_byte_offset(tmp_path: Path) -> None
     )
 
 
+@pytest.mark.parametrize(
+    "encoding,raw,at",
+    [
+        ("utf-8", "café ok\x00 .\n".encode(), 8),  # "café ok": 8 bytes
+        ("utf-16", "ab\x00 .\n".encode("utf-16"), 6),  # the byte-order mark and "ab": 6 bytes
+    ],
+)
+def test_a_nul_in_text_names_the_file_and_byte_offset(encoding: str, raw: bytes, at: int, tmp_path: Path) -> None:
+    """A NUL decodes without error and used to become a word type of its own ('\\x00')."""
+    write(tmp_path / "news" / "a.txt", "fine .\n".encode(encoding))
+    write(tmp_path / "news" / "b.txt", raw)
+    with pytest.raises(NplmError) as error:
+        prepare_text(str(tmp_path / "news"), encoding=encoding, train=1, valid=1)
+    assert str(error.value) == (
+        f"news/b.txt has a NUL character at byte {at}: not {encoding} text; fix the file or set data.encoding "
+        "(e.g. utf-16)"
+    )
+
+
+@pytest.mark.parametrize("key", ["data.path", "data.split.valid_path"])
+def test_a_missing_text_corpus_is_one_line_and_no_store(key: str, tmp_path: Path) -> None:
+    """The corpus is read after the store is opened: a path that is not there used to leave an empty store."""
+    paths = {"data.path": write(tmp_path / "t.txt", "a b c .\n"), "data.split.valid_path": tmp_path / "v.txt"}
+    paths["data.split.test_path"] = paths["data.path"]
+    paths[key] = tmp_path / "nowhere"
+    split = ["data.split.train=null", "data.split.valid=null"]
+    overrides = ["data=text", "experiment=kn3", *split, *(f"{k}={v}" for k, v in paths.items())]
+    result = run_script("nplm-train", *overrides, f"tracking.uri=sqlite:///{tmp_path}/m.db", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"nplm-train: error: {key}={tmp_path}/nowhere: no such file or directory"
+    ]
+    assert not (tmp_path / "m.db").exists()
+
+
 def test_split_defaults_to_the_papers_ap_proportions(tmp_path: Path) -> None:
     corpus = prepare_text(str(write(tmp_path / "t.txt", "one two three four five six seven .\n" * 2500)))
     total = len(corpus.ids)

@@ -43,6 +43,7 @@ from nplm_repro.data.corpus import (
     Corpus,
     check_vocab_from,
     make_corpus,
+    open_zip,
     read_members,
     split_paragraphs,
 )
@@ -167,25 +168,45 @@ def source_files(path: Path, members: str | None) -> list[tuple[str, bytes]]:
         raise NplmError(f"{path}: cannot read ({error})") from error
 
 
-def read_source(path: str, key: str, members: str | None, encoding: str, **how: Any) -> Stream:
-    """Every text of one source (`key` names its config key in errors)."""
+def source_path(path: str, key: str) -> Path:
+    """`path`, refused in one line naming `key` if it does not exist, or if it is a `.zip` that is none. The first
+    step of reading, and what nplm-train checks before it opens a store (`checks.check_job`)."""
     where = Path(path).expanduser()
     if not where.exists():
         raise NplmError(f"{key}={path}: no such file or directory")
-    files = source_files(where, members)
+    if where.is_file() and where.suffix.lower() == ".zip":
+        open_zip(where).close()
+    return where
+
+
+def decode(name: str, raw: bytes, encoding: str) -> str:
+    """A file's text; bytes that are not text in `encoding`, or a NUL (binary data, or text in another encoding,
+    which would become a word of its own) are one NplmError with the file and byte offset."""
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as error:
+        raise NplmError(
+            f"{name} is not {encoding} at byte {error.start}; fix the file or set data.encoding (e.g. latin-1)"
+        ) from error
+    if "\x00" in text:
+        at = len(text[: text.index("\x00")].encode(encoding))
+        raise NplmError(
+            f"{name} has a NUL character at byte {at}: not {encoding} text; fix the file or set data.encoding "
+            "(e.g. utf-16)"
+        )
+    return text.removeprefix("\ufeff")
+
+
+def read_source(path: str, key: str, members: str | None, encoding: str, **how: Any) -> Stream:
+    """Every text of one source (`key` names its config key in errors)."""
+    files = source_files(source_path(path, key), members)
     if not files:
         raise NplmError(
             f"{key}={path}: no files" + (f" whose name starts with data.members={members!r}" if members else "")
         )
     stream = Stream([], [], [], Counter(dict.fromkeys(("files", "tagged_files", "paragraphs", "words"), 0)))
     for name, raw in files:
-        try:
-            text = raw.decode(encoding).removeprefix("\ufeff")
-        except UnicodeDecodeError as error:
-            raise NplmError(
-                f"{name} is not {encoding} at byte {error.start}; fix the file or set data.encoding (e.g. latin-1)"
-            ) from error
-        _read_text(stream, name, text, **how)
+        _read_text(stream, name, decode(name, raw, encoding), **how)
     if stream.counted["words"] == 0:
         raise NplmError(f"{key}={path}: the corpus is empty (no words in {len(files)} files)")
     return stream

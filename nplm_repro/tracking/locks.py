@@ -10,15 +10,22 @@ lock's holder has lost its process (kill -9, out of memory, a lost machine).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from nplm_repro.cache import cache_root
+from nplm_repro.cache import cache_dir
+from nplm_repro.errors import NplmError
 
 log = logging.getLogger(__name__)
+
+STORE_LOCK_WAIT = 600.0  # seconds: opening a store takes seconds, so a holder this long is another command's
+# Why a lock file cannot be created where the store's folder is read-only to us: then no command of ours can create
+# or upgrade the store there either, so the lock has no race to prevent
+CANNOT_WRITE = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -34,16 +41,26 @@ def store_lock(uri: str) -> Iterator[None]:
     """Hold `<database>.lock` beside an embedded SQLite store while MLflow opens it. MLflow creates a new store's
     tables (and migrates an old one) on first open, and two processes doing it at once both fail ("table
     _alembic_tmp_tags already exists") and leave the store unusable; under this lock one creates, the others
-    find it made. Any other store is a server's or a database's, which serialises itself."""
+    find it made. Any other store is a server's or a database's, which serialises itself.
+
+    A lock still held after STORE_LOCK_WAIT, or one that cannot be taken, stops the command in one line saying
+    why; only where the store's folder is read-only to us (CANNOT_WRITE) is the existing store opened without it."""
     path = sqlite_file(uri)
     lock = FileLock(f"{path}.lock") if path is not None else None
     try:
         if lock is not None:
-            lock.acquire(timeout=600)
-    except Timeout:  # a process hung while opening the store: go on without it rather than wait for ever
-        log.warning("tracking store %s: its lock %s.lock is held for 600 s; opening the store without it", path, path)
-        lock = None
-    except OSError:  # a read-only directory: nothing can create or migrate a store there either
+            lock.acquire(timeout=STORE_LOCK_WAIT)
+    except Timeout:  # going on without it would open the race the lock is for
+        raise NplmError(
+            f"tracking store {path}: another process holds its lock {path}.lock (waited {STORE_LOCK_WAIT:.0f} s): "
+            "let that command finish, or stop it"
+        ) from None
+    except OSError as error:
+        if error.errno not in CANNOT_WRITE or not path.is_file():
+            raise NplmError(f"tracking store {path}: cannot take its lock {path}.lock ({error.strerror})") from None
+        log.warning(
+            "tracking store %s: cannot take its lock %s.lock (%s); opening it without the lock", path, path, error
+        )
         lock = None
     try:
         yield
@@ -52,13 +69,16 @@ def store_lock(uri: str) -> Iterator[None]:
             lock.release()
 
 
+def locks_dir() -> Path:
+    """Where the run locks live, created: $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks)."""
+    return cache_dir("locks")
+
+
 @contextlib.contextmanager
 def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
     """Hold lock file `name` under $NPLM_CACHE/locks (or ~/.cache/nplm_repro/locks), waiting for its `holder`
     (at most `timeout` seconds, then Timeout; -1 = for ever)."""
-    root = cache_root() / "locks"
-    root.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(root / f"{name}.lock")
+    lock = FileLock(locks_dir() / f"{name}.lock")
     try:
         lock.acquire(blocking=False)
     except Timeout:

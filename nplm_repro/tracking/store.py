@@ -87,6 +87,7 @@ def check_store(uri: str, create: bool = True, experiment: str | None = None) ->
     An HTTP store must answer /health within 10 s: MLflow's client would retry for minutes. Other stores are
     opened and listed, an embedded SQLite one under `store_lock` and after `repair_interrupted_upgrade` (a new
     SQLite file is created, unless `create=False`), and `experiment` is created in it if given and missing.
+    A new SQLite file goes only into a folder that exists: a mistyped path must not start a store in a new folder.
     """
     if uri.startswith(("http://", "https://")):
         try:
@@ -96,6 +97,11 @@ def check_store(uri: str, create: bool = True, experiment: str | None = None) ->
                 f"tracking store {redact(uri)!r} is unreachable: {type(error).__name__} on /health"
             ) from None
     path = sqlite_file(uri)
+    if path is not None and not path.parent.is_dir():
+        raise NplmError(
+            f"tracking store {redact(uri)!r}: no folder {path.parent} (a new store's file is created, never its "
+            "folder): create the folder, or correct the path"
+        )
     if create or path is not None:
         try:
             with store_lock(uri):

@@ -39,6 +39,7 @@ from hydra.utils import get_method
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
 
+from nplm_repro.cli import errors_exit
 from nplm_repro.errors import interrupted, sigterm_interrupts
 from nplm_repro.tracking.ledger import end_orphans
 from nplm_repro.tracking.locks import config_lock
@@ -97,7 +98,8 @@ class MlflowSweep(Callback):
         params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         key = sweep_key(study, overrides, params)
-        check_store(self.uri)  # creates the SQLite store and its tables, once, here
+        with errors_exit():  # Hydra would only warn of a callback's error, and run every job against that store
+            check_store(self.uri)  # creates the SQLite store and its tables, once, here
         client = mlflow.MlflowClient(self.uri)
         experiment_id = ensure_experiment(client, experiment)
         previous = client.search_runs(
