@@ -3,6 +3,7 @@ SIGTERM one line and exit 130 (a run being recorded ends KILLED). The same rule 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
@@ -147,3 +148,14 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
             _fail_with(error, in_job=getattr(error, RAISED_BY_JOB, False))
 
     return run
+
+
+def store_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of an argparse command that reads a store (nplm-report, nplm-score): where it is, and quiet
+    artifact downloads (MLflow draws a bar for every run's kept scores otherwise)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",
+        help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
+    )

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nplm_repro.cli import TRACEBACK, cli
+from nplm_repro.cli import TRACEBACK, cli, store_arguments
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import PAPER_TABLES
 from nplm_repro.reporting.claims import headline
@@ -46,11 +46,7 @@ def _main() -> None:
     parser = argparse.ArgumentParser(prog="nplm-report", description=__doc__.splitlines()[0])
     parser.add_argument("--study", default="brown_table1", help="brown_table1, ap_table2, or a sweep's name")
     parser.add_argument("--experiment", help="MLflow experiment (default: the paper table's corpus, else brown)")
-    parser.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",
-        help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
-    )
+    store_arguments(parser)
     parser.add_argument("--fingerprint", help="data fingerprint to report (default: that of the newest run)")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="directory of the report (default: reports)")
     parser.add_argument(

@@ -15,14 +15,13 @@ import argparse
 import csv
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
 import mlflow
 import numpy as np
 
-from nplm_repro.cli import cli
+from nplm_repro.cli import TRACEBACK, cli, store_arguments
 from nplm_repro.errors import NplmError
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking.kept import kept_scores, log_scores
@@ -46,11 +45,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--per-token", type=Path, help="write token, text and ln P of every token to this TSV file")
     parser.add_argument("--log", action="store_true", help="attach the kept scores (valid, test) to a run lacking them")
     parser.add_argument("--data-path", help="the run's corpus, where its recorded path no longer holds it")
-    parser.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",
-        help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
-    )
+    store_arguments(parser)
     args = parser.parse_args()
     if bool(args.run_id) == bool(args.row):
         raise NplmError("name one run: a run id, or --row with --study")
@@ -132,7 +127,6 @@ def backfill(scorer: RunScorer) -> str:
 
 
 def _main() -> None:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run's kept scores otherwise
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # its device and tip lines, at every Trainer
     args = _arguments()
     path = sqlite_file(args.tracking_uri)
@@ -153,7 +147,7 @@ def _main() -> None:
         print(f"per-token scores: {args.per_token}", file=sys.stderr)
 
 
-main = cli(_main)
+main = cli(_main, traceback_env=TRACEBACK)
 
 if __name__ == "__main__":
     main()
