@@ -1,24 +1,29 @@
 """What a run records beyond its numbers, as MLflow users expect it: no credentials, the experiment's kind, the code
-(MLflow's commit tag, the diff of a dirty work tree). Real stores, real runs.
+(MLflow's commit tag, the diff of a dirty work tree, or the installed version). Real stores, real runs.
 
 The params logged once, the dataset input, the commit tag of this tree and system metrics are checked on the runs
-of test_train.py; here git is pointed at a throwaway repository (GIT_DIR, GIT_WORK_TREE) to make a tree dirty.
+of test_train.py; here the code runs from throwaway checkouts of this project (PYTHONPATH), to make a tree dirty
+and to install the package into a checkout's ignored virtualenv folder as `pip install .` does.
 """
 
+import importlib.metadata
 import os
+import shutil
 import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mlflow
 import pytest
-from helpers import SLICE, run_script
+from helpers import ROOT, SLICE, TINY_BROWN, data_slice, run_script
 from mlflow.entities import Dataset, DatasetInput, InputTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-from nplm_repro.tracking.records import git_state, log_corpus
+from nplm_repro.reporting.tables import build
+from nplm_repro.tracking.records import code_state, log_corpus
 from nplm_repro.tracking.store import EXPERIMENT_KIND, ensure_experiment, redact
 
 SECRET = "s3cret-Pa55"
@@ -65,46 +70,81 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
+def commit_all(repo: Path) -> str:
+    git(repo, "add", "--", ".")
+    git(repo, "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "base")
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
 def throwaway_repo(path: Path) -> str:
-    """A repository with one commit (its hash returned); its file `conf.yaml` changed afterwards makes it dirty."""
+    """A repository with one commit (its hash returned) holding the package `pkg/`; its file `conf.yaml` changed
+    afterwards makes it dirty."""
+    (path / "pkg").mkdir(parents=True)
+    git(path, "init", "-q")
+    (path / "pkg" / "__init__.py").write_text('"""the code"""\n')
+    (path / "conf.yaml").write_text("uri: sqlite:///mlflow.db\n")
+    return commit_all(path)
+
+
+PROJECT = ("nplm_repro", "conf", "sweeps", "pyproject.toml", "README.md")  # what `pip install .` builds
+
+
+def checkout(path: Path) -> str:
+    """A checkout of this project's code as it is now (the tracked files of PROJECT, as the work tree has them), with
+    a tracked `conf.yaml` and `.venv/` ignored, as a checkout's virtualenv is; its commit returned."""
     path.mkdir()
     git(path, "init", "-q")
+    for name in git(ROOT, "ls-files", "--", *PROJECT).splitlines():
+        if (ROOT / name).is_file() or (ROOT / name).is_symlink():  # conf/study links to sweeps/
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, path / name, follow_symlinks=False)
+    (path / ".gitignore").write_text(".venv/\n")
     (path / "conf.yaml").write_text("uri: sqlite:///mlflow.db\n")
-    git(path, "add", "conf.yaml")
-    git(path, "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-q", "-m", "base")
-    return git(path, "rev-parse", "HEAD").strip()
+    return commit_all(path)
 
 
-def as_code(repo: Path) -> dict[str, str]:
-    """The environment that makes git, wherever it runs, see `repo` as the work tree of the code."""
-    return {"GIT_DIR": str(repo / ".git"), "GIT_WORK_TREE": str(repo)}
+def pip_install(project: Path, target: Path) -> Path:
+    """`pip install .` of `project` (not editable) into `target`, as into a virtualenv's site-packages; the package."""
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target"]
+    subprocess.run([*command, str(target), str(project)], check=True, capture_output=True, text=True)
+    return target / "nplm_repro"
 
 
-def test_git_state_is_the_commit_and_what_a_dirty_tree_adds_to_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_code_state_is_the_commit_and_what_a_dirty_tree_adds_to_it(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     commit = throwaway_repo(repo)
-    for name, value in as_code(repo).items():
-        monkeypatch.setenv(name, value)
-    assert git_state() == (commit, "")
+    assert code_state(repo / "pkg") == (commit, "")
     (repo / "conf.yaml").write_text(CHANGE)
-    state, diff = git_state()
+    state, diff = code_state(repo / "pkg")
     assert state == f"{commit}+dirty" and f"+{CHANGE}" in diff and diff == git(repo, "diff", "HEAD", "--binary")
     (repo / "untracked.txt").write_text("not code\n")  # untracked files are not part of the code, as before
-    assert git_state() == (state, diff)
-    monkeypatch.setenv("GIT_DIR", str(tmp_path / "nowhere"))
-    assert git_state() == ("unknown", "")
+    assert code_state(repo / "pkg") == (state, diff)
+    elsewhere = tmp_path / "elsewhere" / "nplm_repro"  # no git, and no installed distribution holds it
+    elsewhere.mkdir(parents=True)
+    assert code_state(elsewhere) == ("unknown", "")
+
+
+def test_a_package_installed_inside_a_checkout_is_its_version_not_the_checkouts_commit(tmp_path: Path) -> None:
+    """`pip install .` into a virtualenv inside a checkout: git, run in the installed package's folder, finds the
+    checkout around it (ignored folder and all), but its HEAD and diff are not the code that runs. The run records
+    the installed version, where pip installed it from (PEP 610's direct_url.json), never '+dirty'."""
+    project = tmp_path / "checkout"
+    commit = checkout(project)
+    package = pip_install(project, project / ".venv" / "lib" / "site-packages")
+    (project / "conf.yaml").write_text(CHANGE)  # the checkout is dirty
+    assert git(package, "rev-parse", "HEAD").strip() == commit  # the trap: git sees the checkout from there
+    version = importlib.metadata.version("nplm-repro")
+    assert code_state(package) == (f"nplm-repro {version} (installed from {project.as_uri()})", "")
 
 
 def test_a_run_from_a_dirty_tree_keeps_its_diff(brown_path: Path, tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    commit = throwaway_repo(repo)
-    (repo / "conf.yaml").write_text(CHANGE)
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    project = tmp_path / "checkout"
+    commit = checkout(project)
+    (project / "conf.yaml").write_text(CHANGE)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(project)}
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [f"data.path={brown_path}", *SLICE, "experiment=kn3", f"tracking.uri={uri}"]
-    result = run_script("nplm-train", *args, cwd=tmp_path, env=env | as_code(repo))
+    result = run_script("nplm-train", *args, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
@@ -112,8 +152,31 @@ def test_a_run_from_a_dirty_tree_keeps_its_diff(brown_path: Path, tmp_path: Path
     patch = Path(
         mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="git_diff.patch", tracking_uri=uri)
     )
-    assert patch.read_text() == redact(git(repo, "diff", "HEAD", "--binary")) and SECRET not in patch.read_text()
+    assert patch.read_text() == redact(git(project, "diff", "HEAD", "--binary")) and SECRET not in patch.read_text()
     assert "+uri: postgresql+psycopg://***@db-host/nplm" in patch.read_text()
+
+
+@pytest.mark.slow
+def test_a_run_of_the_installed_package_in_a_dirty_checkout_records_its_version(tmp_path: Path) -> None:
+    """The README's recipe for a wheel (`pip install .`) with the virtualenv inside a dirty checkout: the run records
+    the installed version, no commit of MLflow's, no diff, so `nplm-report --require-clean` keeps it."""
+    project = tmp_path / "checkout"
+    checkout(project)
+    site = pip_install(project, project / ".venv" / "lib" / "site-packages").parent
+    (project / "conf.yaml").write_text(CHANGE)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(site)}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [f"data.path={TINY_BROWN}", *data_slice(5_000, 1_000, 1_000), "experiment=kn3", f"tracking.uri={uri}"]
+    result = run_script("nplm-train", *args, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+    version = importlib.metadata.version("nplm-repro")
+    assert run.data.tags["git_commit"] == f"nplm-repro {version} (installed from {project.as_uri()})"
+    assert "mlflow.source.git.commit" not in run.data.tags
+    assert "git_diff.patch" not in [a.path for a in client.list_artifacts(run.info.run_id)]
+    table = build(uri, "brown", "brown_table1", require_clean=True).table
+    assert list(table.loc[table["status"] == "finished", "run_ids"]) == [run.info.run_id]  # kept, as clean
 
 
 @pytest.mark.slow

@@ -1,5 +1,9 @@
 """What each run records in MLflow: params (each key once), tags (data, code), the corpus as a dataset input, the
-diff of a dirty work tree, its name, optionally system metrics, and the logger that keeps it open."""
+diff of a dirty work tree, its name, optionally system metrics, and the logger that keeps it open.
+
+The code is a checkout's commit only when the code that runs is that checkout's tracked files (`code_state`): a
+package installed into a virtualenv inside a checkout (`pip install .`, not editable) is the installed version,
+never the surrounding checkout's HEAD and diff."""
 
 from __future__ import annotations
 
@@ -9,9 +13,12 @@ import importlib.util
 import json
 import logging
 import platform
+import re
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +43,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CODE = Path(__file__).parent  # in the work tree (or the clone) whose code runs
+CODE = Path(__file__).resolve().parents[1]  # the package that runs: a checkout's nplm_repro/, or an installed copy
+DISTRIBUTION = "nplm-repro"
 TRAINING_ONLY = ("optim", "trainer", "callbacks")  # config groups a counted n-gram never reads
 NEEDS_PSUTIL = "tracking.system_metrics=true needs psutil: .venv/bin/pip install -e '.[system-metrics]'"
 
@@ -51,19 +59,66 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
     return {k: redact(v) if isinstance(v, str) else v for k, v in flat if not k.startswith("hydra.")}
 
 
-def _git(*args: str) -> str:
+def _git(code: Path, *args: str) -> str:
     command = ["git", *args]
-    return subprocess.run(command, cwd=CODE, capture_output=True, encoding="utf-8", errors="replace", check=True).stdout
+    return subprocess.run(command, cwd=code, capture_output=True, encoding="utf-8", errors="replace", check=True).stdout
 
 
-def git_state() -> tuple[str, str]:
-    """The commit of the code that runs, with '+dirty' if it has uncommitted changes ('unknown' outside git), and
-    those changes to tracked files as `git diff HEAD --binary` writes them: `git apply` puts them back on the commit."""
+def code_state(code: Path = CODE) -> tuple[str, str]:
+    """What the code that runs (the package at `code`) is, for the tag `git_commit`, and the diff that goes with it.
+
+    In a checkout whose tracked files it is: the commit, with '+dirty' if the work tree has uncommitted changes, and
+    those changes to tracked files as `git diff HEAD --binary` writes them (`git apply` puts them back on the
+    commit). Otherwise git may still find a checkout around it (a virtualenv inside one, ignored by it), but that
+    checkout's HEAD and diff are not this code: it is the installed version (`installed`), with no diff."""
     try:
-        commit, diff = _git("rev-parse", "HEAD").strip(), _git("diff", "HEAD", "--binary")
+        _git(code, "ls-files", "--error-unmatch", "--", "__init__.py")  # fails outside git and for untracked files
     except (OSError, subprocess.CalledProcessError):
-        return "unknown", ""
+        return installed(code), ""
+    commit, diff = _git(code, "rev-parse", "HEAD").strip(), _git(code, "diff", "HEAD", "--binary")
     return commit + ("+dirty" if diff else ""), diff
+
+
+def installed(code: Path) -> str:
+    """The installed package at `code`: `nplm-repro <version>`, and where pip installed it from if it wrote PEP 610's
+    direct_url.json (a directory, a wheel, a VCS URL at its commit; editable: a checkout that is not git's); 'unknown'
+    if no installed distribution holds `code`."""
+    dist = _distribution(code)
+    if dist is None:
+        return "unknown"
+    version = f"{DISTRIBUTION} {dist.version}"
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    if not isinstance(direct, dict) or not direct.get("url"):
+        return version  # from an index: the version says it all
+    source = direct["url"]
+    if vcs := direct.get("vcs_info"):
+        source = f"{vcs.get('vcs', 'vcs')}+{source}@{vcs.get('commit_id', vcs.get('requested_revision', '?'))}"
+    how = "editable install of" if direct.get("dir_info", {}).get("editable") else "installed from"
+    return f"{version} ({how} {source})"
+
+
+def _distribution(code: Path) -> importlib.metadata.Distribution | None:
+    """The installed distribution whose files are the package at `code`: its dist-info beside it (site-packages), or
+    an editable install whose project directory holds it."""
+    beside = sorted(code.parent.glob(f"{code.name}-*.dist-info"))
+    if beside:
+        return importlib.metadata.Distribution.at(beside[0])
+    for dist in importlib.metadata.distributions(name=DISTRIBUTION):
+        try:
+            url = urllib.parse.urlparse(json.loads(dist.read_text("direct_url.json") or "{}").get("url", ""))
+        except (ValueError, AttributeError):
+            continue
+        if url.scheme == "file" and Path(urllib.request.url2pathname(url.path)).resolve() / code.name == code.resolve():
+            return dist
+    return None
+
+
+def is_commit(state: str) -> bool:
+    """Whether `code_state` named a git commit (with '+dirty' or not), rather than an installed version."""
+    return re.fullmatch(r"[0-9a-f]{40,64}(\+dirty)?", state) is not None
 
 
 LIBRARIES = ("torch", "lightning", "mlflow", "hydra-core", "numpy")  # what computed and recorded a number
@@ -212,9 +267,9 @@ def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra
 
 def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> RunLogger:
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
-    commit, diff = git_state()
+    commit, diff = code_state()
     tags = {**data_tags(corpus), "git_commit": commit, "corpus": corpus.name, **environment_tags(), **extra_tags}
-    if commit != "unknown":  # MLflow's own, the UI's Version column; what '+dirty' adds is git_diff.patch
+    if is_commit(commit):  # MLflow's own, the UI's Version column; what '+dirty' adds is git_diff.patch
         tags[MLFLOW_GIT_COMMIT] = commit.removesuffix("+dirty")
     tags |= {"family": family(cfg), "key_version": KEY_VERSION}
     for key in ("row", "study", "note"):
