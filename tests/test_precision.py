@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nplm_repro.models.precision import resolve
+from nplm_repro.models.precision import job_precision, resolve
 
 
 @pytest.fixture
@@ -17,6 +17,17 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_explicit_precisions_pass_through_unprobed(cache: Path) -> None:
     assert resolve("32-true") == ("32-true", {}) and resolve("bf16-mixed") == ("bf16-mixed", {})
     assert not cache.exists()
+
+
+def test_a_job_computes_in_the_resolved_precision_sampled_in_float32_a_count_in_none(cache: Path) -> None:
+    """What the ledger keys and tags a job with: sampled training in 32-true whatever the config says, unprobed; an
+    exact MLP in what auto resolves to, with the probe's tags; a counted n-gram the same precision (its config key
+    has always held it) but no tags, as it computes in none."""
+    assert job_precision("auto", "cpu", "sampled") == ("32-true", {}) and not cache.exists()
+    chosen, tags = job_precision("auto", "cpu", "exact")
+    assert chosen in ("32-true", "bf16-mixed") and tags["precision.auto"].startswith(chosen)
+    assert job_precision("auto", "cpu", None) == (chosen, {})
+    assert job_precision("bf16-mixed", "cpu", "exact") == ("bf16-mixed", {}) == job_precision("bf16-mixed", "cpu", None)
 
 
 def test_auto_picks_the_faster_measured_dtype_and_caches_it(cache: Path) -> None:

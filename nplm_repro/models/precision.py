@@ -124,3 +124,17 @@ def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, s
     why = f"{chosen}: bfloat16 {rates['bfloat16']:.1f} against float32 {rates['float32']:.1f} GFLOP/s"
     log.info("precision=auto -> %s", why)
     return chosen, tags | {"precision.auto": why}
+
+
+def job_precision(precision: str, accelerator: str, output: str | None) -> tuple[str, dict[str, str]]:
+    """The concrete precision a job computes in, and the tags its run keeps (`resolve`'s), for a job whose model
+    trains with `output` (optim.output: exact or sampled), or is counted (None, an n-gram).
+
+    Sampled training computes in float32 whatever the config says (it allows auto or 32-true: bf16-mixed would be
+    recorded but not used). A counted model computes in no precision, so it keeps no tags; `auto` is resolved all
+    the same, as it always was: the config key of its run holds the result.
+    """
+    if output == "sampled":
+        return "32-true", {}
+    chosen, tags = resolve(precision, accelerator)
+    return chosen, tags if output is not None else {}

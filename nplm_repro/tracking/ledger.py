@@ -1,8 +1,9 @@
 """The run ledger: one job becomes one MLflow run, unless its config already ran (skip) or was killed (resume).
 
-`run` is a job: check, load the corpus, resolve the precision, then under the config's lock find a FINISHED run
-of its config_key (skip), or `record` one: resume a killed MLP from its last checkpoint, mark orphaned RUNNING
-runs KILLED, fit or train, log. A mixed row finds (or first trains) its MLP's run by model_key (`base_run`).
+`run` is a job: check, load the corpus, resolve the precision (`models.precision.job_precision`), then under the
+config's lock find a FINISHED run of its config_key (skip), or `record` one: resume the config's newest run from its
+last checkpoint if a kill interrupted it, mark orphaned RUNNING runs KILLED, fit or train, log. A mixed row finds
+(or first trains) its MLP's run by model_key (`base_run`). Every look-up is one `search` of the experiment's runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import mlflow
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import MLFlowLogger
+from mlflow.entities import Run
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.baselines.mixture import mix_with_trigram
@@ -26,7 +28,7 @@ from nplm_repro.baselines.ngram import fit_ngram
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import interrupted, one_line
-from nplm_repro.models.precision import resolve
+from nplm_repro.models.precision import job_precision
 from nplm_repro.models.training import train_neural
 from nplm_repro.scores import Scores
 from nplm_repro.tracking.kept import kept_scores, log_scores
@@ -39,32 +41,38 @@ from nplm_repro.tracking.store import check_store, redact
 log = logging.getLogger(__name__)
 
 
-def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
-    """The newest FINISHED run of the experiment with these tag values, or None."""
+NEWEST_FIRST = ["attributes.start_time DESC"]
+
+
+def search(uri: str, experiment: str, *conditions: str, max_results: int = 1000) -> list[Run]:
+    """The runs of `experiment` that meet every condition (MLflow's filter syntax), newest first; none if the
+    experiment does not exist (yet)."""
     client = mlflow.MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        return None
-    query = " and ".join([f"tags.{k} = '{v}'" for k, v in tags.items()] + ["attributes.status = 'FINISHED'"])
-    runs = client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+        return []
+    query = " and ".join(conditions)
+    return list(client.search_runs([found.experiment_id], query, max_results=max_results, order_by=NEWEST_FIRST))
+
+
+def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
+    """The newest FINISHED run of the experiment with these tag values, or None."""
+    conditions = [f"tags.{k} = '{v}'" for k, v in tags.items()]
+    runs = search(uri, experiment, *conditions, "attributes.status = 'FINISHED'", max_results=1)
     return runs[0].info.run_id if runs else None
 
 
 def find_resumable(uri: str, experiment: str, config_key: str) -> tuple[str, Path] | None:
-    """The newest run of this config that a kill interrupted (KILLED, or RUNNING with its process gone), and the
-    last checkpoint it wrote; None if there is none. The caller holds the config's lock, so no live job owns it."""
-    client = mlflow.MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
+    """The newest run of this config, with the last checkpoint it wrote, if a kill interrupted it (KILLED, or
+    RUNNING with its process gone); else None. Never an older run: the newest is the config's latest state (it may
+    have restarted from scratch, `rerun=true`), and an older checkpoint would bring back what came before it. The
+    caller holds the config's lock, so no live job owns the run."""
+    runs = search(uri, experiment, f"tags.config_key = '{config_key}'", max_results=1)
+    if not runs or runs[0].info.status not in ("KILLED", "RUNNING"):
         return None
-    query = f"tags.config_key = '{config_key}'"
-    for run in client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"]):
-        if run.info.status not in ("KILLED", "RUNNING"):
-            continue
-        last = Path(run.data.tags.get("checkpoint_dir", "")) / "last.ckpt"
-        if run.data.tags.get("checkpoint_dir") and last.is_file():
-            return run.info.run_id, last
-    return None
+    directory = runs[0].data.tags.get("checkpoint_dir")
+    last = Path(directory or "") / "last.ckpt"
+    return (runs[0].info.run_id, last) if directory and last.is_file() else None
 
 
 ORPHANED = "its process ended without ending the run (kill -9, out of memory, a lost machine)"
@@ -74,11 +82,7 @@ def end_orphans(uri: str, experiment: str, config_key: str, keep: str | None = N
     """Mark KILLED (tag `killed_because`) the runs of this config still RUNNING, but `keep`. The caller holds the
     config's lock, which a live job recording such a run would hold: their process is gone."""
     client = mlflow.MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return
-    query = f"tags.config_key = '{config_key}' and attributes.status = 'RUNNING'"
-    for run in client.search_runs([found.experiment_id], query):
+    for run in search(uri, experiment, f"tags.config_key = '{config_key}'", "attributes.status = 'RUNNING'"):
         if run.info.run_id != keep:
             client.set_tag(run.info.run_id, "killed_because", ORPHANED)
             client.set_terminated(run.info.run_id, "KILLED")
@@ -131,13 +135,8 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     log.info("%s: torch threads %d", cfg.get("row") or "run", torch.get_num_threads())
     corpus = load_corpus(cfg.data)
     # auto becomes what this machine runs faster before the config is keyed: the key says what computed
-    precision_tags: dict[str, str] = {}
-    if is_neural(cfg) and cfg.optim.output == "sampled":
-        cfg.trainer.precision = "32-true"  # what sampled training computes in (check_config allows only auto)
-    else:
-        cfg.trainer.precision, precision_tags = resolve(cfg.trainer.precision, cfg.trainer.accelerator)
-    if not is_neural(cfg):
-        precision_tags = {}  # resolved all the same: the key has always held it; a count has no precision
+    output = cfg.optim.output if is_neural(cfg) else None
+    cfg.trainer.precision, precision_tags = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)
     key = config_key(cfg, corpus.fingerprint)
     trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
     with mlp_lock(model_key(cfg, corpus.fingerprint)) if trains_mlp else contextlib.nullcontext(), config_lock(key):

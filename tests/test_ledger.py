@@ -1,0 +1,54 @@
+"""The run ledger's look-ups in a real MLflow store: which run a job resumes, finds finished, or marks KILLED."""
+
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from nplm_repro.tracking.ledger import ORPHANED, end_orphans, find_finished, find_resumable, search
+
+
+def killed_run(client: MlflowClient, experiment: str, key: str, checkpoints: Path, start: int, last: bool) -> str:
+    """A run of config `key` stopped by a kill (KILLED) at time `start`, its checkpoint directory holding last.ckpt
+    or not (killed before its first epoch ended)."""
+    checkpoints.mkdir()
+    if last:
+        (checkpoints / "last.ckpt").write_bytes(b"the weights of its last epoch")
+    tags = {"config_key": key, "checkpoint_dir": str(checkpoints)}
+    run = client.create_run(experiment, start_time=start, tags=tags).info.run_id
+    client.set_terminated(run, "KILLED")
+    return run
+
+
+def test_a_config_resumes_its_newest_run_or_none(tmp_path: Path) -> None:
+    """An older KILLED run's checkpoint is an older state of the config: once a newer run started (say with
+    rerun=true) and was killed before its first checkpoint, nothing is resumed; the newest run is, once it has one."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("brown")
+    older = killed_run(client, experiment, "k", tmp_path / "checkpoints", start=1_000, last=True)
+    assert find_resumable(uri, "brown", "k") == (older, tmp_path / "checkpoints" / "last.ckpt")
+    newer = killed_run(client, experiment, "k", tmp_path / "checkpoints-2", start=2_000, last=False)
+    assert find_resumable(uri, "brown", "k") is None
+    (tmp_path / "checkpoints-2" / "last.ckpt").write_bytes(b"its first epoch")
+    assert find_resumable(uri, "brown", "k") == (newer, tmp_path / "checkpoints-2" / "last.ckpt")
+    failed = client.create_run(experiment, start_time=3_000, tags={"config_key": "k"}).info.run_id
+    client.set_terminated(failed, "FAILED")
+    assert find_resumable(uri, "brown", "k") is None  # a failed run starts again from scratch
+    assert find_resumable(uri, "ap", "k") is None and find_finished(uri, "ap", config_key="k") is None
+
+
+def test_look_ups_read_one_experiment_newest_first(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    brown, other = client.create_experiment("brown"), client.create_experiment("other")
+    runs = [client.create_run(brown, start_time=t, tags={"config_key": "k"}).info.run_id for t in (1, 3, 2)]
+    elsewhere = client.create_run(other, start_time=4, tags={"config_key": "k"}).info.run_id
+    assert [r.info.run_id for r in search(uri, "brown", "tags.config_key = 'k'")] == [runs[1], runs[2], runs[0]]
+    assert search(uri, "nowhere", "tags.config_key = 'k'") == []
+    for run in runs[1:]:
+        client.set_terminated(run)
+    assert find_finished(uri, "brown", config_key="k") == runs[1]
+    end_orphans(uri, "brown", "k")  # the one still RUNNING: its process is gone (the caller holds the lock)
+    orphan = client.get_run(runs[0])
+    assert orphan.info.status == "KILLED" and orphan.data.tags["killed_because"] == ORPHANED
+    assert client.get_run(runs[1]).info.status == "FINISHED" and client.get_run(elsewhere).info.status == "RUNNING"
