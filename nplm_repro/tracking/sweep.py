@@ -1,7 +1,9 @@
 """Sweeps (`nplm-train -m study=<study>`, any `-m`): one MLflow parent run per sweep, every job's run nested under it.
 
 `MlflowSweep` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). In the launching process, before any
-job starts, it creates the store (so parallel jobs never race to create SQLite's tables) and the parent run:
+job starts, it refuses what would fail later (a report directory that cannot be written, a job that does not
+compose: `check_report_dir`, `compose_jobs`), each one line and exit 2 with nothing written; then it creates the
+store (so parallel jobs never race to create SQLite's tables) and the parent run:
 tags `sweep=true`, `study`, `sweep_dir`, params the command-line overrides and the swept values. Every `-m`
 has one: a sweep file's, `-m key=a,b` alone, or a search (Optuna's sweeper). The swept values recorded are those
 the sweeper sweeps: the config's `hydra.sweeper.params` as the command line narrows or widens them. Each job,
@@ -17,7 +19,9 @@ it resumed from earlier sweeps included (tag `resumed_in`).
 
 The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`),
 looked up when the sweep ends: tracking does not import the reporting code. It returns the files it wrote and
-the study's headline numbers, which the parent run keeps as artifacts (`report/`) and metrics.
+the study's headline numbers, which the parent run keeps as artifacts (`report/`) and metrics. A report that
+cannot be written fails a sweep whose jobs all ran: Hydra turns a callback's error into a warning and exits 0,
+so the parent run ends FAILED with the tag `error`, and `ends_sweeps` raises the error once Hydra returns.
 """
 
 from __future__ import annotations
@@ -27,21 +31,26 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import mlflow
 from filelock import Timeout
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.utils import get_method
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.cli import errors_exit
-from nplm_repro.errors import interrupted, sigterm_interrupts
-from nplm_repro.tracking.ledger import end_orphans
+from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrupts
+from nplm_repro.tracking.ledger import end_orphans, search
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
 from nplm_repro.tracking.store import check_store, ensure_experiment, redact
@@ -73,10 +82,81 @@ def swept(params: dict[str, Any], overrides: list[str]) -> dict[str, str]:
     return values
 
 
+def check_report_dir(report: str) -> None:
+    """The study's report can go to `report` (the key): a directory there, or one can be created there. Tried by
+    creating (and removing) a directory in the nearest one that exists: `os.access` tells root yes even where
+    nothing can be created, as in /proc."""
+    out = Path(report).absolute()
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise NplmError(f"report={report}: {existing} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing))
+    except OSError as error:
+        raise NplmError(f"report={report}: cannot create a directory in {existing} ({error.strerror})") from None
+
+
+def jobs(config: DictConfig) -> list[list[str]]:
+    """The overrides of every job of this multirun, as Hydra's basic sweeper makes them: its `params`, then the
+    command line's overrides, each sweep expanded, their product in order."""
+    params = config.hydra.sweeper.get("params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()]
+    arguments += OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    overrides = OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(arguments)
+    try:
+        return BasicSweeper.split_arguments(overrides, None)[0]
+    except HydraException as error:  # a search's sweep (interval, tag) given to the basic sweeper
+        raise NplmError(one_line(error)) from None
+
+
+BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+NAMED = 5  # jobs named in a refusal, then how many more
+
+
+def compose_jobs(config: DictConfig) -> None:
+    """Compose every job as its launcher will, before the store or the parent run is touched: a key that only some
+    rows have (`-m experiment=kn3,mlp9 model.h=16`: an n-gram has no h) is one line naming the jobs that refuse
+    it. Jobs whose overrides differ only in values of plain keys (seed=1,2) compose alike, so one of each kind is
+    composed. Only the basic sweeper's jobs are known beforehand (Optuna draws a search's trials as it goes)."""
+    if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+        return
+    loader = GlobalHydra.instance().config_loader()
+    every = jobs(config)
+    keys = {o.split("=", 1)[0] for job in every for o in job}
+    groups = {k for k in keys if loader.get_group_options(k.lstrip("+~").split("@")[0])}  # experiment, model, ...
+    composed: dict[tuple[str, ...], str | None] = {}  # a kind of job -> why it does not compose, or None
+    refused: dict[str, list[str]] = {}  # why -> the jobs, each by the overrides that tell it from the others
+    for job in every:
+        kind = tuple(o if o.split("=", 1)[0] in groups else o.split("=", 1)[0] for o in job)
+        if kind not in composed:
+            try:
+                loader.load_sweep_config(config, list(job))
+                composed[kind] = None
+            except (HydraException, OmegaConfBaseException) as error:
+                composed[kind] = one_line(error)
+        if (why := composed[kind]) is not None:
+            own = [o for o in job if any(o not in other for other in every)]
+            refused.setdefault(why, []).append(" ".join(own) or "its only job")
+    if refused:
+        raise NplmError("; ".join(_refusal(why, named, len(every)) for why, named in refused.items()))
+
+
+def _refusal(why: str, named: list[str], jobs: int) -> str:
+    if len(named) == jobs:
+        return f"{why}, in {'all ' if jobs > 1 else ''}{jobs} job{'s' if jobs > 1 else ''} (nothing was run)"
+    more = f" and {len(named) - NAMED} more" if len(named) > NAMED else ""
+    return f"{why}, in {len(named)} of {jobs} jobs: {', '.join(named[:NAMED])}{more} (nothing was run)"
+
+
+class ReportNotWritten(Exception):
+    """The jobs of a sweep ran, but its study's report could not be written."""
+
+
 class MlflowSweep(Callback):
     """Open one MLflow parent run per multirun and nest every job's run under it (tag mlflow.parentRunId)."""
 
     open: ClassVar[MlflowSweep | None] = None  # the sweep this process launched, until it ends
+    failure: ClassVar[ReportNotWritten | None] = None  # why a sweep whose jobs all ran failed, for `ends_sweeps`
 
     def __init__(self, report_with: str | None = None) -> None:
         # "module.function"(uri, experiment, study, out) -> (files, metrics): writes the study's report
@@ -98,19 +178,20 @@ class MlflowSweep(Callback):
         params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         key = sweep_key(study, overrides, params)
+        with errors_exit():  # before anything is written: Hydra would only warn of a callback's error and go on
+            if self.writes_report():
+                check_report_dir(self.report)
+            compose_jobs(config)
         with errors_exit():  # Hydra would only warn of a callback's error, and run every job against that store
             check_store(self.uri)  # creates the SQLite store and its tables, once, here
         client = mlflow.MlflowClient(self.uri)
         experiment_id = ensure_experiment(client, experiment)
-        previous = client.search_runs(
-            [experiment_id],
-            f"tags.sweep = 'true' and tags.sweep_key = '{key}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
+        previous = search(self.uri, experiment, "tags.sweep = 'true'", f"tags.sweep_key = '{key}'", max_results=1)
         if previous:
             self.parent_run_id = previous[0].info.run_id
             client.update_run(self.parent_run_id, status="RUNNING")
+            if "error" in previous[0].data.tags:  # why an earlier attempt failed; this one may not
+                client.delete_tag(self.parent_run_id, "error")
             log.info(
                 "sweep %s: resuming parent run %s (same study, overrides and swept values)", key, self.parent_run_id
             )
@@ -138,14 +219,33 @@ class MlflowSweep(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self.end("FINISHED")
 
+    def writes_report(self) -> bool:
+        return bool(self.report and self.study and self.report_with)
+
     def end(self, status: str) -> None:
         """End the parent run; unless interrupted, first write the study's report (failed rows listed as failed)
-        and keep it on the parent run."""
+        and keep it on the parent run. A report that cannot be written ends a sweep whose jobs all ran FAILED, with
+        the tag `error`, and is kept in `MlflowSweep.failure` for `ends_sweeps`; after a failed job it is only
+        logged (the job's error is the sweep's). A study with nothing to report is a warning (`report_with`'s)."""
         MlflowSweep.open = None
         try:
-            if status != "KILLED" and self.report and self.study and self.report_with:
+            if status != "KILLED" and self.writes_report():
                 report = get_method(self.report_with)
                 self.keep_report(*report(self.uri, self.experiment, self.study, Path(self.report)))
+        except Exception as error:  # noqa: BLE001  whatever stopped it, the report is missing
+            failure = ReportNotWritten(
+                f"report={self.report}: the study's report was not written: {type(error).__name__}: "
+                f"{one_line(error)} (its runs are recorded: nplm-report --study {self.study} writes it)"
+            )
+            failure.__context__ = error  # the traceback, for HYDRA_FULL_ERROR=1
+            log.error("sweep: %s", redact(str(failure)))
+            if status == "FINISHED" and self.parent_run_id:
+                status, MlflowSweep.failure = "FAILED", failure
+                mlflow.MlflowClient(self.uri).set_tag(self.parent_run_id, "error", redact(str(failure)))
+        except BaseException as error:
+            if interrupted(error):
+                status = "KILLED"
+            raise
         finally:
             if self.parent_run_id:
                 mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status)
@@ -169,13 +269,9 @@ class MlflowSweep(Callback):
     def end_killed_jobs(self, wait: float = 30.0) -> None:
         """Mark KILLED the runs this sweep's workers, now gone, left RUNNING (their config_lock is free): its
         children, and the runs of earlier sweeps it resumed."""
-        client = mlflow.MlflowClient(self.uri)
-        experiment = client.get_experiment_by_name(self.experiment)
-        if experiment is None:
-            return
         for tag in (MLFLOW_PARENT_RUN_ID, RESUMED_IN):
-            query = f"tags.{tag} = '{self.parent_run_id}' and attributes.status = 'RUNNING'"
-            for run in client.search_runs([experiment.experiment_id], query):
+            running = f"tags.{tag} = '{self.parent_run_id}'", "attributes.status = 'RUNNING'"
+            for run in search(self.uri, self.experiment, *running):
                 key = run.data.tags.get("config_key")
                 try:
                     with config_lock(key, timeout=wait):
@@ -188,7 +284,9 @@ class MlflowSweep(Callback):
 
 def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
     """Wrap the @hydra.main function: a sweep that a failed job or an interrupt stops (Hydra then skips
-    on_multirun_end) still ends its parent run, FAILED with the report written, or KILLED; the error goes on."""
+    on_multirun_end) still ends its parent run, FAILED with the report written, or KILLED; the error goes on. A
+    sweep whose report could not be written (`MlflowSweep.failure`: Hydra swallows a callback's errors) raises that
+    error once Hydra returns, so the command fails."""
 
     @functools.wraps(main)
     def run() -> None:
@@ -199,5 +297,8 @@ def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
             if MlflowSweep.open is not None:
                 MlflowSweep.open.end("KILLED" if interrupted(error) else "FAILED")
             raise
+        failure, MlflowSweep.failure = MlflowSweep.failure, None
+        if failure is not None:
+            raise failure
 
     return run
