@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from nplm_repro.cli import TRACEBACK, cli, store_arguments
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import PAPER_TABLES
+from nplm_repro.paths import check_report_dir
 from nplm_repro.reporting.claims import headline
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
@@ -27,19 +26,6 @@ from nplm_repro.reporting.tables import build
 log = logging.getLogger(__name__)
 
 __all__ = ["main", "write_study"]
-
-
-def check_out(out: Path) -> None:
-    """Refuse, before the store is read, an --out that is not a directory and cannot become one: a file, or a
-    folder that nothing can be created in. Tried by creating (and removing) a directory where the report's would
-    go: `os.access` tells root yes even where nothing can be created, as in /proc."""
-    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise NplmError(f"--out {out}: {existing} is a file, not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=existing))
-    except OSError as error:
-        raise NplmError(f"--out {out}: cannot create a directory in {existing} ({error.strerror})") from None
 
 
 def _main() -> None:
@@ -55,7 +41,7 @@ def _main() -> None:
         help="leave out runs made from a work tree with uncommitted changes (git commit +dirty)",
     )
     args = parser.parse_args()
-    check_out(args.out)
+    check_report_dir(str(args.out), f"--out {args.out}")
     experiment = args.experiment or PAPER_TABLES.get(args.study, "brown")
     report = build(args.tracking_uri, experiment, args.study, args.fingerprint, args.require_clean)
     if args.require_clean:

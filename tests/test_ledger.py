@@ -2,8 +2,12 @@
 
 from pathlib import Path
 
+import pytest
+from helpers import composed
 from mlflow.tracking import MlflowClient
 
+from nplm_repro.errors import NplmError
+from nplm_repro.tracking import ledger
 from nplm_repro.tracking.ledger import ORPHANED, end_orphans, find_finished, find_resumable, search
 
 
@@ -52,3 +56,32 @@ def test_look_ups_read_one_experiment_newest_first(tmp_path: Path) -> None:
     orphan = client.get_run(runs[0])
     assert orphan.info.status == "KILLED" and orphan.data.tags["killed_because"] == ORPHANED
     assert client.get_run(runs[1]).info.status == "FINISHED" and client.get_run(elsewhere).info.status == "RUNNING"
+
+
+def test_a_corpus_found_bad_only_when_read_leaves_no_store(tmp_path: Path) -> None:
+    """A NUL byte is found by reading the text: the corpus is read before the store is opened."""
+    (tmp_path / "news").mkdir()
+    (tmp_path / "news" / "a.txt").write_bytes(b"fine words here .\n" * 50)
+    (tmp_path / "news" / "b.txt").write_bytes(b"bad\x00 .\n")
+    cfg = composed(
+        "data=text", f"data.path={tmp_path / 'news'}", "experiment=kn3", f"tracking.uri=sqlite:///{tmp_path}/m.db"
+    )
+    with pytest.raises(NplmError, match="has a NUL character"):
+        ledger.run(cfg)
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_a_batch_larger_than_a_proportional_training_split_is_refused_before_the_store(tmp_path: Path) -> None:
+    """A text corpus split by proportions has its training size only once read: checked then, before the store."""
+    (tmp_path / "t.txt").write_bytes(b"some words and more words .\n" * 40)
+    cfg = composed(
+        "data=text",
+        f"data.path={tmp_path / 't.txt'}",
+        "experiment=mlp5",
+        "optim.batch_size=100000",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+        f"callbacks.model_checkpoint.dirpath={tmp_path}",
+    )
+    with pytest.raises(NplmError, match=r"optim.batch_size=100000 is larger than the training split \("):
+        ledger.run(cfg)
+    assert not (tmp_path / "m.db").exists()

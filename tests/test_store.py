@@ -153,7 +153,8 @@ def test_a_store_in_a_folder_that_does_not_exist_is_refused_and_the_folder_not_m
     uri = f"sqlite:///{tmp_path}/typo/dir/m.db"
     said = f"tracking store '{uri}': no folder {tmp_path}/typo/dir (a new store's file is created, never its folder)"
     for sweep in ([], ["-m"]):
-        command = [*sweep, f"data.path={tiny_brown_path}", "experiment=kn3", f"tracking.uri={uri}"]
+        split = ["data.split.train=5000", "data.split.valid=1000", "data.split.test=1000"]  # a corpus that reads
+        command = [*sweep, f"data.path={tiny_brown_path}", *split, "experiment=kn3", f"tracking.uri={uri}"]
         result = run_script("nplm-train", *command, cwd=tmp_path)
         assert result.returncode == 2
         assert result.stderr.strip().splitlines() == [

@@ -14,7 +14,7 @@ from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_k
 from nplm_repro.reporting.claims import study_spec
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.runs import newest_finished, run_name, run_text
+from nplm_repro.reporting.runs import newest_finished, run_name, run_text, short_commit
 
 # The knobs of sampled training: without them, a sampled run and an exact run are the same model.
 # How a run trained, not what it trained: a sampled run and an exact one differing only in these are a pair. The
@@ -223,6 +223,6 @@ def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence,
     )
     versions = shown["versions"].replace("", "not recorded").value_counts()
     lines.append("Libraries: " + "; ".join(f"{v} ({n} runs)" for v, n in versions.items()) + ".")
-    short = [c[:7] + ("+dirty" if c.endswith("+dirty") else "") for c in commits]
+    short = [short_commit(c) for c in commits]
     lines.append(f"Code: {', '.join(short) or 'unknown'} (git commits of the runs shown); data: the fingerprint above.")
     return lines

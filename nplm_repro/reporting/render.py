@@ -15,7 +15,7 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.paper import COLUMNS, PAPER_CORPORA, PAPER_DATA, PAPER_TABLES, PAPER_TITLES
 from nplm_repro.reporting.figures import draw
 from nplm_repro.reporting.recipe import CLAIMS_NOTE
-from nplm_repro.reporting.runs import run_text
+from nplm_repro.reporting.runs import run_text, short_commit
 from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, display
 
 DIRTY_NOTE = (
@@ -71,7 +71,7 @@ def _data_line(report: Report) -> str:
 
 
 def _intro(report: Report) -> tuple[str, ...]:
-    commits = [f"`{c[:7]}{'+dirty' if c.endswith('+dirty') else ''}`" for c in report.commits]
+    commits = [f"`{short_commit(c)}`" for c in report.commits]
     explain = (
         "Perplexities of every token of each split: ours (mean ± std over seeds when there are several; `seeds` "
         "counts them), the paper's, and the relative difference (ours - paper) / paper."

@@ -43,6 +43,14 @@ def dirty(runs: pd.DataFrame) -> pd.Series:
     return runs["git_commit"].str.endswith("+dirty")
 
 
+def short_commit(commit: str) -> str:
+    """A git commit as 7 hex digits (and +dirty); what installed code recorded (its version) as it is."""
+    sha = commit.removesuffix("+dirty")
+    if len(sha) == 40 and all(ch in "0123456789abcdef" for ch in sha):
+        return sha[:7] + commit[len(sha) :]
+    return commit
+
+
 def present(value: object) -> bool:
     """A value MLflow recorded: neither missing (None) nor a NaN from a run without it."""
     return value is not None and not (isinstance(value, float) and np.isnan(value))

@@ -27,7 +27,7 @@ from nplm_repro.baselines.mixture import mix_with_trigram
 from nplm_repro.baselines.ngram import fit_ngram
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
-from nplm_repro.errors import interrupted, one_line
+from nplm_repro.errors import NplmError, interrupted, one_line
 from nplm_repro.models.precision import job_precision
 from nplm_repro.models.training import train_neural
 from nplm_repro.scores import Scores
@@ -127,13 +127,18 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     A job whose config and data already have a FINISHED run (tag config_key) returns that run, unless
     `rerun=true`. The config's lock is held from the search to the end of the run (see `record`).
     """
-    check_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)
     check_system_metrics(cfg)
     threads = cfg.threads or launcher_threads()
     if threads:
         torch.set_num_threads(threads)
     log.info("%s: torch threads %d", cfg.get("row") or "run", torch.get_num_threads())
-    corpus = load_corpus(cfg.data)
+    corpus = load_corpus(cfg.data)  # before the store: a corpus found bad only when read leaves no store behind
+    if is_neural(cfg) and cfg.optim.batch_size > corpus.size("train"):
+        raise NplmError(
+            f"optim.batch_size={cfg.optim.batch_size} is larger than the training split ({corpus.size('train'):,} "
+            "tokens): a batch is drawn from it"
+        )
+    check_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)
     # auto becomes what this machine runs faster before the config is keyed: the key says what computed
     output = cfg.optim.output if is_neural(cfg) else None
     cfg.trainer.precision, precision_tags = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)

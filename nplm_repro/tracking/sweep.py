@@ -31,7 +31,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,6 +49,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.cli import errors_exit
 from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrupts
+from nplm_repro.paths import check_report_dir
 from nplm_repro.tracking.ledger import end_orphans, search
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
@@ -80,20 +80,6 @@ def swept(params: dict[str, Any], overrides: list[str]) -> dict[str, str]:
         if not override.is_delete() and (override.is_sweep_override() or name in values):
             values[name] = override.input_line.split("=", 1)[1]
     return values
-
-
-def check_report_dir(report: str) -> None:
-    """The study's report can go to `report` (the key): a directory there, or one can be created there. Tried by
-    creating (and removing) a directory in the nearest one that exists: `os.access` tells root yes even where
-    nothing can be created, as in /proc."""
-    out = Path(report).absolute()
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
-        raise NplmError(f"report={report}: {existing} is a file, not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=existing))
-    except OSError as error:
-        raise NplmError(f"report={report}: cannot create a directory in {existing} ({error.strerror})") from None
 
 
 def jobs(config: DictConfig) -> list[list[str]]:
