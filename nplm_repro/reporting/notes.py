@@ -181,6 +181,10 @@ def declared_notes(ctx: Context) -> list[tuple[str, list[str]]]:
     return [(NOTES[name][0], NOTES[name][1](ctx)) for name in study_spec(ctx.study)["notes"]]
 
 
+def _duration(minutes: float) -> str:
+    return f"{minutes:.1f} min" if minutes >= 1 else f"{minutes * 60:.0f} s"
+
+
 def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence, commits: list[str]) -> list[str]:
     """The ML Reproducibility Checklist's facts about the runs shown: seeds per row, how the rows were chosen, the
     intervals, the compute (CPU, wall time, CPU-hours), the libraries, the data and the code."""
@@ -209,12 +213,16 @@ def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence,
         )
     cpus = shown["cpu"].replace("", "not recorded (runs from before runs recorded it)").value_counts()
     lines.append("CPU: " + "; ".join(f"{cpu} ({n} runs)" for cpu, n in cpus.items()) + ".")
-    minutes = shown.groupby("row_tag", sort=False)["minutes"].mean()
-    wall = [f"{label} {m:.1f}" for label, m in minutes.items() if label and np.isfinite(m)]
+    minutes = shown.set_index("run_id")["minutes"]
+    wall = [
+        f"{row.label} {_duration(minutes.reindex(row.run_ids.split()).mean())}"
+        for row in finished.itertuples()
+        if minutes.reindex(row.run_ids.split()).notna().any()
+    ]
     cpu_hours = (shown["minutes"] * shown["threads"]).sum() / 60
     unthreaded = int(shown["threads"].isna().sum())
     lines.append(
-        "Wall time per run, mean over seeds (minutes): "
+        "Wall time per run, mean over seeds: "
         + ", ".join(wall)
         + f". Total {shown['minutes'].sum() / 60:.1f} "
         f"hours of wall time; {cpu_hours:.1f} CPU-hours (wall time x torch threads)"
