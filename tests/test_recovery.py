@@ -377,34 +377,46 @@ def test_a_read_only_cache_is_one_line_and_no_store(tiny_brown_path: Path, small
 
 
 @pytest.mark.slow
-def test_a_mixed_row_whose_mlp_lost_its_checkpoint_is_one_line_and_recovers(brown_path: Path, tmp_path: Path) -> None:
-    """MLP4 mixes MLP3's finished run: without its best.ckpt (deleted, then truncated) one line and exit 2, the
-    mixed run FAILED; after the MLP's row again with rerun=true, the mixed row finishes."""
+def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_path: Path, tmp_path: Path) -> None:
+    """MLP4 mixes the kept scores of MLP3's finished run: scores.npz truncated, one line and exit 2; deleted with
+    best.ckpt gone too, one line and exit 2 (each mixed run FAILED); deleted with the checkpoint back, the MLP is
+    scored again from it, keeps its scores again, and the mixed row finishes."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    quick = ["trainer.max_epochs=1"]
 
     def train(*overrides: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            command(brown_path, uri, *quick, *overrides), cwd=tmp_path, capture_output=True, text=True, timeout=300
+            command(brown_path, uri, "trainer.max_epochs=1", *overrides),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
 
     assert train().returncode == 0
     (mlp,) = runs(uri)
-    checkpoint = next(tmp_path.glob(f"mlruns/*/{mlp.info.run_id}/artifacts/checkpoints/best.ckpt"))
+    artifacts = next(tmp_path.glob(f"mlruns/*/{mlp.info.run_id}/artifacts"))
+    scores, checkpoint = artifacts / "scores.npz", artifacts / "checkpoints" / "best.ckpt"
+    scores.write_bytes(scores.read_bytes()[:1000])
+    truncated = train("model.mix=fixed")
+    assert truncated.returncode == 2
+    assert truncated.stderr.strip().splitlines()[-1].startswith(
+        f"nplm-train: error: the kept scores of run {mlp.info.run_id} (scores.npz) are unreadable (BadZipFile: "
+    )
+    scores.unlink()
     data = checkpoint.read_bytes()
     checkpoint.unlink()
     lost = train("model.mix=fixed")
     assert lost.returncode == 2
     assert lost.stderr.strip().splitlines()[-1] == (
-        f"nplm-train: error: the MLP this row mixes (run {mlp.info.run_id}) has lost its checkpoints/best.ckpt: "
-        "restore it, or train that MLP again (its row with rerun=true) so that the mixture finds the new run"
+        f"nplm-train: error: the MLP this row mixes (run {mlp.info.run_id}) kept no scores (scores.npz) and has no "
+        "checkpoints/best.ckpt to score it again: train that MLP again (its row with rerun=true) so that the mixture "
+        "finds the new run"
     )
-    checkpoint.write_bytes(data[:1000])
-    truncated = train("model.mix=fixed")
-    assert truncated.returncode == 2 and "is unreadable (" in truncated.stderr.strip().splitlines()[-1]
     assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED"]
-    assert train("rerun=true").returncode == 0 and train("model.mix=fixed").returncode == 0
-    assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED", "FINISHED", "FINISHED"]
+    checkpoint.write_bytes(data)
+    assert train("model.mix=fixed").returncode == 0
+    assert scores.is_file()
+    assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED", "FINISHED"]
 
 
 @pytest.fixture

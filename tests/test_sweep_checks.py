@@ -17,7 +17,7 @@ def sweep(tmp_path: Path, tiny_brown_path: Path, *overrides: str) -> tuple[int, 
     """`nplm-train -m` one job after the other into tmp_path's store; its exit code, last line on stderr, stderr."""
     common = ["hydra/launcher=basic", f"data.path={tiny_brown_path}", *TINY, f"tracking.uri=sqlite:///{tmp_path}/m.db"]
     result = run_script("nplm-train", "-m", *overrides, *common, cwd=tmp_path)
-    return result.returncode, result.stderr.strip().splitlines()[-1], result.stderr
+    return result.returncode, (result.stderr.strip().splitlines() or [""])[-1], result.stderr
 
 
 def runs_of(tmp_path: Path) -> pd.DataFrame:

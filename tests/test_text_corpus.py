@@ -353,6 +353,7 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
     md = (out / "ap_table2.md").read_text()
     assert "our runs on corpus ap, read from treebank.zip (treebank/raw/wsj_*)" in md
     assert "the paper's numbers are on AP News 1995-96" in md
+    header = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| row ")).split("|")]
     paper = {"MLP10": (104, 109), "Kneser-Ney back-off": (121, 127)}  # Table 2, p. 1150
     for row, (paper_valid, paper_test) in paper.items():
         line = next(
@@ -360,8 +361,11 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
         )  # +dirty: from this tree
         cells = [c.strip() for c in line.split("|")]
         ours = jobs.loc[row]
-        assert float(cells[11]) == round(ours["metrics.valid_ppl"], 1) and cells[12] == str(paper_valid)
-        assert float(cells[14]) == round(ours["metrics.test_ppl"], 1) and cells[15] == str(paper_test)
+        for split, paper_ppl in (("valid", paper_valid), ("test", paper_test)):
+            at = header.index(split)  # ours, its 95% interval over texts, the paper's
+            low, high = map(float, cells[at + 1].split("-"))
+            assert float(cells[at]) == round(ours[f"metrics.{split}_ppl"], 1) and cells[at + 2] == str(paper_ppl)
+            assert low < ours[f"metrics.{split}_ppl"] < high
         assert 1 < ours["metrics.test_ppl"] < corpus.vocab_size
     assert "## Missing (no run)\n\n- Del. Int.\n- Kneser-Ney back-off n=4\n- Kneser-Ney back-off n=5\n" in md
 

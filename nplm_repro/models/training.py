@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -45,6 +46,11 @@ def fit_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
+def one_device(trainer: DictConfig) -> dict[str, Any]:
+    """The trainer's settings on one device of its accelerator: the exact evaluation, whose scores are kept."""
+    return {**trainer, "devices": 1, "num_nodes": 1, "strategy": "auto"}
+
+
 def train_neural(
     cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: Path | None = None
 ) -> tuple[dict[str, float], Scores]:
@@ -69,12 +75,16 @@ def train_neural(
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
     keep.expect({SPLITS.index(s): corpus.size(s) for s in KEPT_SPLITS})
+    # scored in this process on one device: processes spawned for several devices would keep the scores
+    tester = trainer
+    if trainer.world_size > 1:
+        tester = L.Trainer(**one_device(cfg.trainer), logger=logger, enable_checkpointing=False, callbacks=[keep])
     start = time.perf_counter()
-    trainer.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
+    tester.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
     cost["score_seconds"] = time.perf_counter() - start
     if best:
         logger.experiment.log_artifact(logger.run_id, best, "checkpoints")
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
+    metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
     logger.log_metrics(cost)
     kept = {s: keep.kept(SPLITS.index(s)).numpy() for s in KEPT_SPLITS}
     return metrics | cost, Scores.of(corpus.text_names(), kept, {s: corpus.text_ids(s) for s in KEPT_SPLITS})
@@ -84,9 +94,9 @@ def score_splits(cfg: DictConfig, module: NPLMModule, corpus: Corpus, splits: Se
     """ln P(w_t | context) of every token of each split (any span of `corpus.bounds`), float32, by the same exact
     evaluation as a run's own (`Trainer.test`), in this process, on one device."""
     keep = KeptScores()
-    # one device, and no bar: Lightning draws it on stdout, where nplm-score prints its result
-    one_device = {**cfg.trainer, "devices": 1, "strategy": "auto", "enable_progress_bar": False}
-    trainer = L.Trainer(**one_device, logger=False, enable_checkpointing=False, callbacks=[keep])
+    # no bar: Lightning draws it on stdout, where nplm-score prints its result
+    settings = {**one_device(cfg.trainer), "enable_progress_bar": False}
+    trainer = L.Trainer(**settings, logger=False, enable_checkpointing=False, callbacks=[keep])
     keep.expect({i: corpus.size(s) for i, s in enumerate(splits)})
     batches = [loader(corpus, s, cfg.model.n, cfg.data.eval_batch_size) for s in splits]
     trainer.test(module, batches, verbose=False)

@@ -4,6 +4,7 @@ report reads them."""
 from __future__ import annotations
 
 import tempfile
+import zipfile
 from pathlib import Path
 
 import mlflow
@@ -34,7 +35,13 @@ def kept_scores(client: mlflow.MlflowClient, run_id: str) -> Scores | None:
     if ARTIFACT not in artifacts(client, run_id):
         return None
     with tempfile.TemporaryDirectory() as into:
-        return Scores.load(download(client, run_id, ARTIFACT, into))
+        try:
+            return Scores.load(download(client, run_id, ARTIFACT, into))
+        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as error:
+            raise NplmError(
+                f"the kept scores of run {run_id} ({ARTIFACT}) are unreadable ({type(error).__name__}: {error}): "
+                "delete that artifact and they are scored again from the run's checkpoint"
+            ) from None
 
 
 def log_scores(client: mlflow.MlflowClient, run_id: str, scores: Scores) -> None:

@@ -30,13 +30,13 @@ from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError, interrupted, one_line
 from nplm_repro.models.precision import job_precision
 from nplm_repro.models.training import train_neural
-from nplm_repro.scores import Scores
-from nplm_repro.tracking.kept import kept_scores, log_scores
+from nplm_repro.scores import ARTIFACT, Scores
+from nplm_repro.tracking.kept import artifacts, kept_scores, log_scores
 from nplm_repro.tracking.keys import config_key, is_neural, model_key
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
-from nplm_repro.tracking.scoring import RunScorer
-from nplm_repro.tracking.store import check_store, redact
+from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer
+from nplm_repro.tracking.store import check_store, reach_store, redact
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,11 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
     client = mlflow.MlflowClient(uri)
     scores = kept_scores(client, base)
     if scores is None:
+        if CHECKPOINT not in artifacts(client, base, "checkpoints"):
+            raise NplmError(
+                f"the MLP this row mixes (run {base}) kept no scores ({ARTIFACT}) and has no {CHECKPOINT} to score "
+                "it again: train that MLP again (its row with rerun=true) so that the mixture finds the new run"
+            )
         log.info("the MLP of run %s kept no scores: scoring it again from its checkpoint", base)
         scores = RunScorer(uri, base, corpus=corpus).kept()
         log_scores(client, base, scores)
@@ -132,7 +137,8 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     if threads:
         torch.set_num_threads(threads)
     log.info("%s: torch threads %d", cfg.get("row") or "run", torch.get_num_threads())
-    corpus = load_corpus(cfg.data)  # before the store: a corpus found bad only when read leaves no store behind
+    reach_store(cfg.tracking.uri)  # a store that cannot be reached or named stops the job before any work
+    corpus = load_corpus(cfg.data)  # before the store is opened: a corpus found bad when read leaves no store
     if is_neural(cfg) and cfg.optim.batch_size > corpus.size("train"):
         raise NplmError(
             f"optim.batch_size={cfg.optim.batch_size} is larger than the training split ({corpus.size('train'):,} "

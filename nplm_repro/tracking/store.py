@@ -11,6 +11,7 @@ from pathlib import Path
 
 import mlflow
 import requests
+from mlflow.tracking._tracking_service.utils import _tracking_store_registry  # the schemes MLflow can open
 
 from nplm_repro.errors import NplmError
 from nplm_repro.tracking.locks import sqlite_file, store_lock
@@ -81,14 +82,11 @@ def store_error(error: Exception) -> str:
     return found[-1] if found else (text.splitlines() or [type(error).__name__])[0]
 
 
-def check_store(uri: str, create: bool = True, experiment: str | None = None) -> None:
-    """Fail at once, in one line, on a store that cannot be used (before a corpus is read or a run opened).
-
-    An HTTP store must answer /health within 10 s: MLflow's client would retry for minutes. Other stores are
-    opened and listed, an embedded SQLite one under `store_lock` and after `repair_interrupted_upgrade` (a new
-    SQLite file is created, unless `create=False`), and `experiment` is created in it if given and missing.
-    A new SQLite file goes only into a folder that exists: a mistyped path must not start a store in a new folder.
-    """
+def reach_store(uri: str) -> None:
+    """The checks of a store that write nothing, in one line each, made before a corpus is read: an HTTP store
+    must answer /health within 10 s (MLflow's client would retry for minutes), a scheme must be one MLflow
+    knows, and a new SQLite file goes only into a folder that exists (a mistyped path must not start a store in
+    a new folder)."""
     if uri.startswith(("http://", "https://")):
         try:
             requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
@@ -96,12 +94,27 @@ def check_store(uri: str, create: bool = True, experiment: str | None = None) ->
             raise NplmError(
                 f"tracking store {redact(uri)!r} is unreachable: {type(error).__name__} on /health"
             ) from None
+    try:
+        _tracking_store_registry.get_store_builder(uri)
+    except Exception as error:  # noqa: BLE001  an unknown scheme; MLflow's message lists the known ones
+        raise NplmError(f"tracking store {redact(uri)!r} is unusable: {redact(store_error(error))}") from None
     path = sqlite_file(uri)
     if path is not None and not path.parent.is_dir():
         raise NplmError(
             f"tracking store {redact(uri)!r}: no folder {path.parent} (a new store's file is created, never its "
             "folder): create the folder, or correct the path"
         )
+
+
+def check_store(uri: str, create: bool = True, experiment: str | None = None) -> None:
+    """Fail at once, in one line, on a store that cannot be used (before a run is opened).
+
+    `reach_store`'s checks first; then the store is opened and listed, an embedded SQLite one under `store_lock`
+    and after `repair_interrupted_upgrade` (a new SQLite file is created, unless `create=False`), and
+    `experiment` is created in it if given and missing.
+    """
+    reach_store(uri)
+    path = sqlite_file(uri)
     if create or path is not None:
         try:
             with store_lock(uri):
