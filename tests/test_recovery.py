@@ -399,9 +399,8 @@ def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_pa
     scores.write_bytes(scores.read_bytes()[:1000])
     truncated = train("model.mix=fixed")
     assert truncated.returncode == 2
-    assert truncated.stderr.strip().splitlines()[-1].startswith(
-        f"nplm-train: error: the kept scores of run {mlp.info.run_id} (scores.npz) are unreadable (BadZipFile: "
-    )
+    said = truncated.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"nplm-train: error: the kept scores of run {mlp.info.run_id} (scores.npz) are unreadable (")
     scores.unlink()
     data = checkpoint.read_bytes()
     checkpoint.unlink()

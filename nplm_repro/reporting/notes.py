@@ -222,9 +222,7 @@ def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence,
     cpu_hours = (shown["minutes"] * shown["threads"]).sum() / 60
     unthreaded = int(shown["threads"].isna().sum())
     lines.append(
-        "Wall time per run, mean over seeds: "
-        + ", ".join(wall)
-        + f". Total {shown['minutes'].sum() / 60:.1f} "
+        "Wall time per run, mean over seeds: " + ", ".join(wall) + f". Total {shown['minutes'].sum() / 60:.1f} "
         f"hours of wall time; {cpu_hours:.1f} CPU-hours (wall time x torch threads)"
         + (f" over the {len(shown) - unthreaded} runs that recorded their threads" if unthreaded else "")
         + "."
