@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import composed
+from helpers import composed, console_script
 from omegaconf import OmegaConf
 
 from nplm_repro.checks import check_config, check_resolves
@@ -130,3 +130,14 @@ def test_an_interpolation_that_does_not_resolve_names_its_key_wherever_it_is() -
 
 def test_a_batch_of_the_whole_training_split_is_allowed() -> None:
     check_config(composed("debug=default", "optim.batch_size=20000"))
+
+
+@pytest.mark.slow  # four starts of nplm-train
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path) -> None:
+    """Two nplm-train started together, as from two terminals: to the second, they shared a run folder (and with it
+    checkpoints/best.ckpt), and two sweeps a sweep folder (and with it their parent runs' name)."""
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        command = [console_script("nplm-train"), "--cfg", "hydra", "--resolve", "-p", key]
+        started = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        folders = {process.communicate(timeout=60)[0].strip() for process in started}
+        assert len(folders) == 2, folders
