@@ -239,20 +239,34 @@ def test_unexpected_error_is_one_line_and_a_failed_run_with_its_traceback(brown_
     assert "Traceback" in Path(error).read_text()
 
 
+def processes_naming(path: Path) -> list[str]:
+    """The command lines of the live processes that name `path` (a test's store): a sweep's workers."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            line = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if str(path) in line and "pytest" not in line:
+                found.append(line)
+    return found
+
+
 @pytest.mark.slow
-def test_sigterm_on_a_sweep_kills_its_parent_run_and_the_same_command_finishes_it(
-    brown_path: Path, tmp_path: Path
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_a_sweep_kills_its_parent_run_and_the_same_command_finishes_it(
+    how: signal.Signals, brown_path: Path, tmp_path: Path
 ) -> None:
-    """SIGTERM to the launching process while two MLP jobs train (joblib): the parent run ends KILLED, not RUNNING,
-    and so do the jobs' runs, whose workers joblib kills outright. The same command resumes them and finishes
-    every job, and nothing is left running."""
+    """SIGTERM, or SIGINT to the launching process alone (not Ctrl-C, which reaches every process of the
+    terminal), while two MLP jobs train (joblib): the parent run ends KILLED, not RUNNING, and so do the jobs' runs,
+    whose workers joblib kills outright: none is left. The same command resumes them and finishes every job, and
+    nothing is left running."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
     sweep += [f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
     sweep += ["trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
-    stopped = stop_when(sweep, tmp_path, lambda: running(uri) >= 3)  # the parent and both jobs
+    stopped = stop_when(sweep, tmp_path, lambda: running(uri) >= 3, how)  # the parent and both jobs
     assert stopped.returncode == 130
     assert stopped.stderr.strip().splitlines()[-1] == STOPPED
+    assert processes_naming(tmp_path) == []
     by_seed = {r.data.params.get("seed", "parent"): r for r in runs(uri)}
     assert by_seed.pop("parent").info.status == "KILLED"
     assert {r.info.status for r in by_seed.values()} == {"KILLED"}
