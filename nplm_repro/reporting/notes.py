@@ -193,7 +193,7 @@ def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence,
     seeds = finished["seeds"].value_counts().sort_index()
     lines = [
         f"Runs shown: {len(shown)}, over {len(finished)} rows; seeds per row: "
-        + ", ".join(f"{n} seeds for {rows} rows" for n, rows in seeds.items())
+        + ", ".join(f"{n} seed{'s' * (n != 1)} for {rows} row{'s' * (rows != 1)}" for n, rows in seeds.items())
         + " (each seed's newest FINISHED run).",
         (
             "Chosen on validation: a row run in several configurations shows the one with the lowest mean validation "
