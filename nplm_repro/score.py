@@ -91,7 +91,7 @@ def summary(scorer: RunScorer, tokens: Tokens, logprob: np.ndarray) -> str:
     what = f"split {tokens.span}" if tokens.span != "text" else f"text {tokens.corpus.texts[0]}"
     return (
         f"run {scorer.run_id[:12]} ({scorer.name}), {what}: {tokens.size:,} tokens, {tokens.unk:,} <unk>, "
-        f"{tokens.texts:,} texts, logprob {total:,.2f} (ln), ppl {math.exp(-total / tokens.size):.3f}"
+        f"{tokens.texts:,} text{'s' * (tokens.texts != 1)}, logprob {total:,.2f} (ln), ppl {math.exp(-total / tokens.size):.3f}"
     )
 
 

@@ -143,7 +143,7 @@ def test_nplm_score_reads_a_users_text_with_the_runs_reader_and_counts_unknown_w
         done = score(workdir, ids[row], "--tracking-uri", uri, "--text", str(text))
         assert done.returncode == 0, done.stderr
         # 7 + 5 words, <eop> after each paragraph, <eot> at the end; the two made-up words are <unk>
-        assert "text mine.txt: 15 tokens, 2 <unk>, 1 texts, logprob -" in done.stdout
+        assert "text mine.txt: 15 tokens, 2 <unk>, 1 text, logprob -" in done.stdout
 
 
 def test_log_attaches_kept_scores_to_a_run_made_before_runs_kept_them(

@@ -222,7 +222,7 @@ def test_split_by_separate_files(tmp_path: Path) -> None:
     "make,kwargs,message",
     [
         (None, {}, r"^data.path=.*nowhere: no such file or directory$"),
-        ("\n\n  \n", {}, r"^data.path=.*: the corpus is empty \(no words in 1 files\)$"),
+        ("\n\n  \n", {}, r"^data.path=.*: the corpus is empty \(no words in 1 file\)$"),
         ("a b c .\n", {"train": 4, "valid": 2}, r"^the corpus has 6 tokens, too few for the requested splits"),
         ("a b c .\n", {"train": 3}, r"^data.split.train and data.split.valid: give both"),
         ("a b c .\n", {"encoding": "klingon"}, r"^data.encoding='klingon' is not an encoding"),

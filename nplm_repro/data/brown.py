@@ -117,7 +117,7 @@ def read_brown(source: Path) -> tuple[list[str], Counter, tuple[str, ...]]:
         counted.update(found)
         counted["texts"] += 1
     if counted["words"] == 0:
-        raise NplmError(f"{source}: the corpus is empty (no words in {len(files)} texts)")
+        raise NplmError(f"{source}: the corpus is empty (no words in {len(files)} text{'s' * (len(files) != 1)})")
     return tokens, counted, tuple(re.split("[/:]", name)[-1] for name, _ in files)
 
 

@@ -208,7 +208,7 @@ def read_source(path: str, key: str, members: str | None, encoding: str, **how: 
     for name, raw in files:
         _read_text(stream, name, decode(name, raw, encoding), **how)
     if stream.counted["words"] == 0:
-        raise NplmError(f"{key}={path}: the corpus is empty (no words in {len(files)} files)")
+        raise NplmError(f"{key}={path}: the corpus is empty (no words in {len(files)} file{'s' * (len(files) != 1)})")
     return stream
 
 
