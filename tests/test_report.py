@@ -111,6 +111,10 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
         assert table[column].fillna("").astype(str).tolist() == paper[column].fillna("").astype(str).tolist()
     for split in ("train", "valid", "test"):
         assert np.allclose(table[f"paper_{split}_ppl"], paper[f"{split}_ppl"], equal_nan=True)
+    for split in ("valid", "test"):  # every finished row's 95% interval over texts holds its perplexity
+        finished = table[table["status"] == "finished"]
+        assert (finished[f"{split}_low"] < finished[f"{split}_ppl"]).all()
+        assert (finished[f"{split}_ppl"] < finished[f"{split}_high"]).all()
 
     ours = runs_of(uri)
     shown = {"MLP5 n=5": 4, "MLP6 n=5": 5, "Del. Int. n=3": 10, "Kneser-Ney back-off n=3": 11}

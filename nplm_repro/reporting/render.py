@@ -17,6 +17,7 @@ from nplm_repro.reporting.figures import draw
 from nplm_repro.reporting.recipe import CLAIMS_NOTE
 from nplm_repro.reporting.runs import run_text, short_commit
 from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, display
+from nplm_repro.scores import KEPT_SPLITS
 
 DIRTY_NOTE = (
     f"Rows marked{DIRTY_MARK} average runs made from a work tree with uncommitted changes (git commit +dirty): "
@@ -235,6 +236,7 @@ def csv_table(report: Report) -> pd.DataFrame:
         "seeds",
         *(f"{s}_ppl_std" for s in SPLITS),
         *(f"{s}_rel_diff" for s in SPLITS),
+        *(f"{s}_{end}" for s in KEPT_SPLITS for end in ("low", "high")),  # the 95% interval over texts
         "status",
         "running",
         "failed",
