@@ -9,6 +9,7 @@ inconclusive, its point difference shown.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -97,8 +98,8 @@ class Checker:
         baseline, model = (self._resolve(row, ours) for row in pair)
         p_baseline, p_model = (self._resolve(row, self.numbers.paper) for row in pair)
         paper = ""
-        if p_baseline in self.numbers.paper and p_model in self.numbers.paper:
-            b, m = self.numbers.paper[p_baseline][1], self.numbers.paper[p_model][1]
+        b, m = (self.numbers.paper.get(row, (math.nan, math.nan))[1] for row in (p_baseline, p_model))
+        if not (math.isnan(b) or math.isnan(m)):  # a row the paper has no number for (a mixture it did not report)
             paper = f"; paper {p_baseline} {b:g}, {p_model} {m:g}: {_pct(b / m - 1)}"
         if baseline not in ours or model not in ours:
             names = [str(r) if not isinstance(r, dict) else "best of " + ", ".join(r["best_of"]) for r in pair]

@@ -13,6 +13,7 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.paper import COLUMNS, PAPER_CORPORA, PAPER_DATA, PAPER_TABLES, PAPER_TITLES
+from nplm_repro.reporting.claims import study_spec
 from nplm_repro.reporting.figures import draw
 from nplm_repro.reporting.recipe import CLAIMS_NOTE
 from nplm_repro.reporting.runs import run_text, short_commit
@@ -105,12 +106,13 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
         ("Reproducibility (the ML Reproducibility Checklist)", report.reproducibility),
     ]
     claims = tuple(Item(f": {c.verdict}.", lead=c.text, under=c.evidence) for c in report.claims)
+    claims_heading = study_spec(report.study).get("claims_heading", "The paper's claims, on our numbers")
     attempts = attempts_table(report)
     chosen = "Rows run in several configurations; the table shows the one with the lowest mean validation perplexity."
     sections = [
         Section(_title(report), paragraphs=_intro(report), table=display(report)),
         *_recipe_sections(report),
-        Section("The paper's claims, on our numbers", paragraphs=(CLAIMS_NOTE,) if report.recipe else (), items=claims),
+        Section(claims_heading, paragraphs=(CLAIMS_NOTE,) if report.recipe else (), items=claims),
         *(Section(heading, items=tuple(Item(line) for line in lines)) for heading, lines in lists),
         Section("Attempts", paragraphs=(chosen,), table=None if attempts.empty else attempts),
         Section("Figures", figures=tuple(figures)),
