@@ -461,7 +461,7 @@ def fill(disk: Path) -> Path:
 def test_a_disk_that_fills_up_during_a_run_is_one_line_and_the_next_run_recovers(
     brown_path: Path, small_disk: Path
 ) -> None:
-    """The store, checkpoints and cache on a small disk that fills up once the run is RUNNING: the store cannot
+    """The store, checkpoints and cache on a small disk that fills up once the run trains: the store cannot
     record the end, so the run stays RUNNING; after space is freed, the same command marks it KILLED and
     finishes."""
     uri = f"sqlite:///{small_disk}/mlflow.db"
@@ -470,11 +470,13 @@ def test_a_disk_that_fills_up_during_a_run_is_one_line_and_the_next_run_recovers
     process = subprocess.Popen(
         train, cwd=small_disk.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
-    while process.poll() is None and not [r for r in runs_if_any(uri) if r.info.status == "RUNNING"]:
-        time.sleep(0.2)
+    while process.poll() is None and not [r for r in runs_if_any(uri) if r.info.status == "RUNNING" and r.data.metrics]:
+        time.sleep(
+            0.2
+        )  # training: its first metric is logged (a disk full as the run is created is exit 2, the store's)
     filler = fill(small_disk)
     _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1
+    assert process.returncode == 1, stderr[-3000:]
     assert re.fullmatch(
         r"nplm-train: error: .*(disk is full|No space left on device).*", stderr.strip().splitlines()[-1]
     )
