@@ -36,7 +36,7 @@ from nplm_repro.tracking.keys import config_key, is_neural, model_key
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer
-from nplm_repro.tracking.store import check_store, reach_store, redact
+from nplm_repro.tracking.store import open_store, reach_store, redact
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
             f"optim.batch_size={cfg.optim.batch_size} is larger than the training split ({corpus.size('train'):,} "
             "tokens): a batch is drawn from it"
         )
-    check_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)
+    open_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)  # reached above
     # auto becomes what this machine runs faster before the config is keyed: the key says what computed
     output = cfg.optim.output if is_neural(cfg) else None
     cfg.trainer.precision, precision_tags = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)

@@ -107,13 +107,16 @@ def reach_store(uri: str) -> None:
 
 
 def check_store(uri: str, create: bool = True, experiment: str | None = None) -> None:
-    """Fail at once, in one line, on a store that cannot be used (before a run is opened).
-
-    `reach_store`'s checks first; then the store is opened and listed, an embedded SQLite one under `store_lock`
-    and after `repair_interrupted_upgrade` (a new SQLite file is created, unless `create=False`), and
-    `experiment` is created in it if given and missing.
-    """
+    """Fail at once, in one line, on a store that cannot be used (before a run is opened): `reach_store`, then
+    `open_store`."""
     reach_store(uri)
+    open_store(uri, create, experiment)
+
+
+def open_store(uri: str, create: bool = True, experiment: str | None = None) -> None:
+    """Open and list a store `reach_store` passed, in one line if it fails: an embedded SQLite one under
+    `store_lock` and after `repair_interrupted_upgrade` (a new SQLite file is created, unless `create=False`);
+    `experiment` is created in it if given and missing."""
     path = sqlite_file(uri)
     if create or path is not None:
         try:
