@@ -59,7 +59,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.precision import PRECISIONS, resolve
-from nplm_repro.models.training import token_probs
+from nplm_repro.models.training import build_module, token_probs
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +250,7 @@ class _StepClock(Callback):
 
 def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], NPLMModule]:
     """Training tokens/s of NPLMModule in a real Lightning Trainer (as nplm-train runs it, without validation)."""
-    architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
-    module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
+    module = build_module(cfg, corpus)
     clock = step_clock(cfg, cfg.bench.warmup)
     trainer = L.Trainer(
         max_epochs=-1,  # as many epochs as the rounds take (sampled training runs an epoch of Brown in seconds)

@@ -26,6 +26,7 @@ from nplm_repro.data.corpus import open_zip
 from nplm_repro.data.load import CORPORA
 from nplm_repro.data.text import source_path
 from nplm_repro.errors import NplmError, one_line
+from nplm_repro.models.features import FEATURES
 from nplm_repro.models.precision import PRECISIONS
 from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS
 from nplm_repro.tracking.keys import is_neural
@@ -112,6 +113,7 @@ NEURAL: dict[str, Rule] = {
     "model.h": _at_least(0),
     "model.direct": (lambda v: isinstance(v, bool), "true or false"),
     "model.mix": _one_of(*MIX_MODES),
+    "model.features": _one_of(*FEATURES),
     "optim.recipe": _one_of("paper", "fast"),
     "optim.lr": _number(0, low_open=True),
     "optim.weight_decay": _number(0),

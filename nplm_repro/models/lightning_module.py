@@ -43,10 +43,26 @@ from nplm_repro.models.sampled_loss import Proposal, SparseSGD, sampled_cross_en
 class NPLMModule(L.LightningModule):
     family = "mlp"  # its name in run keys and reports (nplm_repro.tracking.keys)
 
-    def __init__(self, vocab_size: int, n: int, m: int, h: int, direct: bool, optim: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        n: int,
+        m: int,
+        h: int,
+        direct: bool,
+        optim: dict[str, Any],
+        features: str = "learned",
+        lsi: torch.Tensor | None = None,
+    ) -> None:
+        """`features`: C learned with the rest, or frozen (models/features.py) at `lsi` (fixed_lsi, computed from
+        the training split by the caller; a checkpoint restores it without) or at its random start (fixed_random)."""
         super().__init__()
-        self.save_hyperparameters(logger=False)  # kept for load_from_checkpoint; the run logs the config itself
+        # kept for load_from_checkpoint (the state dict holds C); the run logs the config itself
+        self.save_hyperparameters(ignore=["lsi"], logger=False)
         self.model = NPLM(vocab_size, n, m, h, direct)
+        if lsi is not None:
+            self.model.C.data.copy_(lsi)
+        self.model.C.requires_grad_(features == "learned")
         self.optim = dict(optim)
         self.proposal: Proposal | None = None  # sampled training's, built from the training windows
         self._reset()

@@ -57,8 +57,9 @@ class NPLM(nn.Module):
         return terms
 
     def decayed(self) -> list[nn.Parameter]:
-        """The weights under weight decay: C, H, U, W, never the biases b and d (p.1142)."""
-        return [p for p in (self.C, self.H, self.U, self.W) if p is not None]
+        """The weights under weight decay: C, H, U, W, never the biases b and d (p.1142); C only when it is trained
+        (fixed features are frozen: no gradient, no decay)."""
+        return [p for p in (self.C, self.H, self.U, self.W) if p is not None and p.requires_grad]
 
     def biases(self) -> list[nn.Parameter]:
         return [p for p in (self.b, self.d) if p is not None]

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
+from nplm_repro.models.features import lsi_features
 from nplm_repro.models.lightning_module import KeptScores, NPLMModule
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
@@ -46,6 +47,17 @@ def fit_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
+def build_module(cfg: DictConfig, corpus: Corpus) -> NPLMModule:
+    """Eq. (1) for `cfg.model` on `corpus`'s vocabulary. With model.features=fixed_lsi, C starts from the training
+    split's co-occurrence counts within n-1 words, reduced to m principal directions (models/features.py)."""
+    architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
+    lsi = None
+    if architecture.get("features", "learned") == "fixed_lsi":
+        start, end = corpus.bounds["train"]
+        lsi = lsi_features(corpus.ids[start:end].numpy(), corpus.vocab_size, cfg.model.n - 1, cfg.model.m, cfg.seed)
+    return instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, lsi=lsi, _convert_="all")
+
+
 def one_device(trainer: DictConfig) -> dict[str, Any]:
     """The trainer's settings on one device of its accelerator: the exact evaluation, whose scores are kept."""
     return {**trainer, "devices": 1, "num_nodes": 1, "strategy": "auto"}
@@ -58,8 +70,7 @@ def train_neural(
     split with it (the weights as they are when no validation ran: a run stopped by max_steps before its first);
     returns the metrics and the kept scores of valid and test, from that one evaluation."""
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
-    architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
-    module = instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, _convert_="all")
+    module = build_module(cfg, corpus)
     keep = KeptScores()
     trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=[*fit_callbacks(cfg), keep])
     trainer.fit(

@@ -56,11 +56,15 @@ def is_neural(cfg: DictConfig) -> bool:
 
 
 def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
-    """`tree` (a config as a dict) less the sampling keys of an exact run, which it did not use: an exact run
-    records, and is identified by, what it was before sampled training existed, so stored runs keep matching."""
+    """`tree` (a config as a dict) less the sampling keys of an exact run, which it did not use, and less
+    `model.features` when it is `learned`: such a run is identified by what it was before sampled training and
+    fixed features existed, so stored runs keep matching."""
     optim = tree.get("optim")
     if isinstance(optim, dict) and optim.get("output", "exact") == "exact":
         tree["optim"] = {k: v for k, v in optim.items() if k not in SAMPLING_KEYS}
+    model = tree.get("model")
+    if isinstance(model, dict) and model.get("features") == "learned":  # the model before the knob existed
+        tree["model"] = {k: v for k, v in model.items() if k != "features"}
     return tree
 
 
