@@ -536,6 +536,58 @@ def test_rows_whose_runs_kept_no_scores_get_no_verdict_but_inconclusive() -> Non
     assert "no interval: its runs kept no scores" in claims[0].evidence[0]
 
 
+DIRECT = {
+    "h=50": ("MLP5", "MLP n=5 h=50 m=30 direct=no mix=no"),
+    "h=100": ("MLP n=5 h=100 m=30 direct=yes mix=no", "MLP9"),
+}
+
+
+def direct_claims(epochs: dict[str, dict[str, float]]) -> list:
+    """brown_direct's claims on a table of its four cells (equal perplexities), with these best epochs per seed."""
+    labels = [label for pair in DIRECT.values() for label in pair]
+    table = pd.DataFrame(
+        {"label": labels, "family": "mlp", "status": "finished", "valid_ppl": 280.0, "test_ppl": 270.0}
+    ).assign(paper_valid_ppl=np.nan, paper_test_ppl=np.nan)
+    return check_claims("brown_direct", table, Evidence({}, {}), epochs)
+
+
+def test_more_epochs_is_judged_seed_by_seed_with_a_t_interval() -> None:
+    """Without direct connections: 20 epochs against 10 on every seed (the paper's 2x) holds; a ratio that changes
+    sign across seeds is inconclusive; fewer epochs on every seed fails; one seed has no interval."""
+    twice = {"1": 10.0, "2": 11.0, "3": 9.0}, {"1": 20.0, "2": 21.0, "3": 19.0}
+    epochs = {DIRECT["h=50"][0]: twice[0], DIRECT["h=50"][1]: twice[1]}
+    epochs |= {DIRECT["h=100"][0]: twice[0], DIRECT["h=100"][1]: twice[1]}
+    claim = direct_claims(epochs)[0]
+    assert claim.verdict == HOLDS
+    assert claim.evidence[0].startswith(
+        "MLP5 to MLP n=5 h=50 m=30 direct=no mix=no: best validation epoch 10.0 against"
+    )
+    assert "95% interval over 3 seeds [+" in claim.evidence[0]
+    mixed = epochs | {DIRECT["h=100"][1]: {"1": 12.0, "2": 8.0, "3": 9.0}}
+    assert direct_claims(mixed)[0].verdict == INCONCLUSIVE
+    fewer = epochs | {DIRECT["h=100"][1]: {"1": 5.0, "2": 6.0, "3": 4.0}}
+    assert direct_claims(fewer)[0].verdict == FAILS
+    one = {label: {"1": values["1"]} for label, values in epochs.items()}
+    assert direct_claims(one)[0].verdict == INCONCLUSIVE and "no interval: 1 seed" in direct_claims(one)[0].evidence[0]
+    assert direct_claims({})[0].verdict == NOT_MEASURED
+
+
+def test_best_epochs_are_the_lowest_validation_of_each_seed() -> None:
+    curves = {"MLP5": [("a", [300.0, 280.0, 285.0]), ("b", [300.0, 290.0, 270.0])], "Del. Int.": []}
+    epochs = tables.best_epochs(curves, {"a": "1", "b": "2"})
+    assert epochs == {"MLP5": {"1": 2.0, "2": 3.0}}
+    shown = tables.with_best_epochs(pd.DataFrame({"label": ["MLP5", "Del. Int."]}), epochs)
+    assert shown["best_epoch"].tolist()[0] == 2.5 and np.isnan(shown["best_epoch"].tolist()[1])
+    assert shown["best_epoch_std"].tolist()[0] == pytest.approx(np.std([2, 3], ddof=1))
+
+
+def test_table1_lists_the_claims_that_need_ap_news_with_the_command(table1: Report) -> None:
+    md = render.markdown(table1, [])
+    section = md.split("## The paper's claims this corpus cannot test")[1].split("\n## ")[0]
+    assert section.count(": not measured: needs AP News 1995-96 (licensed).") == 2
+    assert "`nplm-train -m study=ap_table2 data.path=PATH/TO/AP/TEXT`" in section
+
+
 # --- bad input: one line, a non-zero exit, nothing written ----------------------------------------------------
 
 

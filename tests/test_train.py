@@ -2,9 +2,11 @@
 
 import math
 import os
+import shutil
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 import torch
 from helpers import SLICE, composed, run_script
@@ -15,6 +17,7 @@ from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
 from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.tracking.kept import kept_scores
 from nplm_repro.tracking.records import flat_params
 from nplm_repro.tracking.store import EXPERIMENT_KIND
 
@@ -176,6 +179,37 @@ def test_mixed_rows_reuse_the_trained_mlp(trained: tuple[Path, str], brown_path:
     # per-bin weights can only do better at the optimum; EM stops at a relative tolerance of 1e-6
     assert valid["context"] <= valid["learned"] * (1 + 1e-4)
     assert valid["learned"] <= valid["fixed"] < valid["none"]
+
+
+@pytest.mark.slow
+def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
+    trained: tuple[Path, str], brown_path: Path, tmp_path: Path
+) -> None:
+    """A study whose cell is an MLP another study trained (same model_key) records it as its own run, untrained:
+    the same metrics and per-epoch history, the same kept scores, the trained run's CPU; rerun=true trains it."""
+    workdir, _ = trained
+    shutil.copy(workdir / "mlflow.db", tmp_path / "mlflow.db")  # this test's runs stay out of the module's store
+    copy = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["-m", "study=brown_direct", *mlp3_args(brown_path, copy), "model.direct=true", "report=null"]
+    result = run_script("nplm-train", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "adopted: run" in result.stdout + result.stderr
+    client = MlflowClient(copy)
+    runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id], "attributes.status = 'FINISHED'")
+    (first,) = [r for r in runs if "study" not in r.data.tags]
+    (adopted,) = [r for r in runs if r.data.tags.get("study") == "brown_direct" and "row" in r.data.tags]  # no parent
+    assert adopted.data.tags["adopted_from"] == first.info.run_id and adopted.info.run_id != first.info.run_id
+    results = [{k: v for k, v in r.data.metrics.items() if not k.startswith("system/")} for r in (first, adopted)]
+    assert results[0] == results[1] and "test_ppl" in results[0]
+    assert adopted.data.tags["cpu_model"] == first.data.tags["cpu_model"]
+    assert adopted.data.tags["model_key"] == first.data.tags["model_key"]
+    curves = [[m.value for m in client.get_metric_history(r.info.run_id, "valid_ppl_epoch")] for r in (first, adopted)]
+    assert curves[0] == curves[1] and len(curves[0]) == 2
+    scores = [kept_scores(client, r.info.run_id) for r in (first, adopted)]
+    assert all(np.array_equal(scores[0].splits[s].logprob, scores[1].splits[s].logprob) for s in ("valid", "test"))
+    assert not [a for a in client.list_artifacts(adopted.info.run_id) if a.path == "checkpoints"]  # weights not copied
+    result = run_script("nplm-train", *args, "rerun=true", cwd=tmp_path)
+    assert result.returncode == 0 and "adopted: run" not in result.stdout + result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize(

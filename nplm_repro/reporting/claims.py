@@ -3,7 +3,8 @@ or equivalence margin), applied by one engine: each pair of rows gets the paired
 test and one of three verdicts, and the claim the verdict of its pairs (the file's header says how).
 
 A pair whose rows are not both measured is "not measured"; one whose runs kept no scores has no interval and is
-inconclusive, its point difference shown.
+inconclusive, its point difference shown. A `more` pair compares the epoch of the best validation instead, seed by
+seed (the same seed in both rows): the mean of the per-seed ratios less 1, with its t interval over seeds.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
+from scipy import stats
 
 from nplm_repro.reporting.intervals import Difference, Evidence
 
@@ -81,11 +84,44 @@ def _pct(value: float) -> str:
     return f"{value:+.1%}"
 
 
-class Checker:
-    """Applies declared claims to a report's rows (`table`: label, family, status, valid/test and the paper's)."""
+def seed_interval(ratios: list[float]) -> tuple[float, float] | None:
+    """The 95% t interval of the mean of per-seed values; None with fewer than 2 seeds."""
+    if len(ratios) < 2:
+        return None
+    mean, sem = float(np.mean(ratios)), float(stats.sem(ratios))
+    if sem == 0:
+        return mean, mean
+    low, high = stats.t.interval(0.95, len(ratios) - 1, loc=mean, scale=sem)
+    return float(low), float(high)
 
-    def __init__(self, table: pd.DataFrame, evidence: Evidence) -> None:
-        self.numbers, self.evidence = Numbers(table), evidence
+
+class Checker:
+    """Applies declared claims to a report's rows (`table`: label, family, status, valid/test and the paper's), and
+    `more` claims to `epochs` (per row label, per seed: the epoch of its best validation)."""
+
+    def __init__(
+        self, table: pd.DataFrame, evidence: Evidence, epochs: dict[str, dict[str, float]] | None = None
+    ) -> None:
+        self.numbers, self.evidence, self.epochs = Numbers(table), evidence, epochs or {}
+
+    def more(self, pair: list[str], threshold: float) -> tuple[str, str | None]:
+        """One `more` pair [a, b], "b takes more epochs to its best validation than a": b / a less 1, per seed."""
+        a, b = pair
+        missing = [row for row in pair if row not in self.epochs]
+        if missing:
+            return f"{a} to {b}: not measured ({', '.join(missing)}: no finished run)", None
+        seeds = sorted(set(self.epochs[a]) & set(self.epochs[b]))
+        ratios = [self.epochs[b][s] / self.epochs[a][s] - 1 for s in seeds]
+        if not seeds:
+            return f"{a} to {b}: not measured (no seed run in both)", None
+        mean_a, mean_b = (np.mean([self.epochs[row][s] for s in seeds]) for row in pair)
+        head = f"{a} to {b}: best validation epoch {mean_a:.1f} against {mean_b:.1f}, {_pct(float(np.mean(ratios)))}"
+        bounds = seed_interval(ratios)
+        if bounds is None:
+            return f"{head}; no interval: 1 seed", INCONCLUSIVE
+        verdict = verdict_of(Difference(float(np.mean(ratios)), *bounds), "better", threshold)
+        count = f"{len(seeds)} seeds"
+        return f"{head}, 95% interval over {count} [{_pct(bounds[0])}, {_pct(bounds[1])}]: {verdict}", verdict
 
     def _resolve(self, row: str | dict[str, list[str]], values: dict[str, tuple[float, float]]) -> str | None:
         if isinstance(row, dict):
@@ -120,6 +156,10 @@ class Checker:
                 line, verdict = self.pair(pair, kind, threshold)
                 lines.append(line)
                 verdicts.append(verdict)
+        for pair in spec.get("more", []):
+            line, verdict = self.more(pair, spec.get("by", 0.0))
+            lines.append(line)
+            verdicts.append(verdict)
         if "margin" in spec:
             lines.append(f"no effect means within ±{spec['margin']:.0%} (the claim's declared margin)")
         return Claim(spec["claim"], combine(verdicts), tuple(lines))
@@ -138,9 +178,11 @@ def combine(verdicts: list[str | None]) -> str:
     return HOLDS if len(measured) == len(verdicts) else PARTLY
 
 
-def check_claims(study: str, table: pd.DataFrame, evidence: Evidence) -> list[Claim]:
-    """The claims declared for `study`, checked on `table`'s rows."""
-    checker = Checker(table, evidence)
+def check_claims(
+    study: str, table: pd.DataFrame, evidence: Evidence, epochs: dict[str, dict[str, float]] | None = None
+) -> list[Claim]:
+    """The claims declared for `study`, checked on `table`'s rows (and `epochs`, for `more` claims)."""
+    checker = Checker(table, evidence, epochs)
     return [checker.claim(spec) for spec in declared(study)]
 
 

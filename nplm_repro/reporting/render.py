@@ -106,13 +106,19 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
         ("Reproducibility (the ML Reproducibility Checklist)", report.reproducibility),
     ]
     claims = tuple(Item(f": {c.verdict}.", lead=c.text, under=c.evidence) for c in report.claims)
-    claims_heading = study_spec(report.study).get("claims_heading", "The paper's claims, on our numbers")
+    spec = study_spec(report.study)
+    claims_heading = spec.get("claims_heading", "The paper's claims, on our numbers")
+    elsewhere = tuple(
+        Item(f": not measured: needs {c['needs']}.", lead=c["claim"], under=(f"On your copy: `{c['command']}`",))
+        for c in spec.get("elsewhere", [])
+    )
     attempts = attempts_table(report)
     chosen = "Rows run in several configurations; the table shows the one with the lowest mean validation perplexity."
     sections = [
         Section(_title(report), paragraphs=_intro(report), table=display(report)),
         *_recipe_sections(report),
         Section(claims_heading, paragraphs=(CLAIMS_NOTE,) if report.recipe else (), items=claims),
+        Section("The paper's claims this corpus cannot test", items=elsewhere),
         *(Section(heading, items=tuple(Item(line) for line in lines)) for heading, lines in lists),
         Section("Attempts", paragraphs=(chosen,), table=None if attempts.empty else attempts),
         Section("Figures", figures=tuple(figures)),
@@ -246,6 +252,7 @@ def csv_table(report: Report) -> pd.DataFrame:
         "config_id",
         "run_ids",
         *(["dirty_runs"] if report.marked.any() else []),  # how many of run_ids came from a dirty work tree
+        *(c for column in study_spec(report.study).get("columns", []) for c in (column, f"{column}_std")),
     ]
     return report.table.reindex(columns=columns)
 

@@ -106,6 +106,7 @@ def _config(run: pd.Series, family: str) -> dict[str, str]:
         config["model._target_"] = FAMILY_IDS[family]
     if family == "mlp":
         config.setdefault("model.mix", "none")  # runs from before the mixture knob were unmixed
+        config.setdefault("model.features", "learned")  # and from before the features knob, learned
     return dict(sorted(config.items()))
 
 

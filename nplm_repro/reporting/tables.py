@@ -91,6 +91,25 @@ def other_study_table(corpus: str, configs: pd.DataFrame) -> tuple[pd.DataFrame,
     return table, extra
 
 
+def best_epochs(curves: dict[str, list[tuple[str, list[float]]]], seeds: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Per row label, per seed: the epoch (from 1) of the run's lowest validation perplexity, the checkpoint it
+    reports; a row whose runs never validated has none."""
+    return {
+        label: {seeds[run_id]: float(np.argmin(values) + 1) for run_id, values in runs if values}
+        for label, runs in curves.items()
+        if any(values for _, values in runs)
+    }
+
+
+def with_best_epochs(table: pd.DataFrame, epochs: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """The table with `best_epoch` and `best_epoch_std` over seeds (NaN for rows without a curve)."""
+    values = [list(epochs.get(label, {}).values()) for label in table["label"]]
+    return table.assign(
+        best_epoch=[np.mean(v) if v else np.nan for v in values],
+        best_epoch_std=[np.std(v, ddof=1) if len(v) > 1 else np.nan for v in values],
+    )
+
+
 @dataclass
 class Report:
     """Everything a report says, before it is written in any format."""
@@ -189,7 +208,10 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
     table = finder.rows(table) if finder else table
     evidence = Evidence.read(uri, table)
     table = with_intervals(table, evidence)
-    curves, claims, findings = history(uri, table), check_claims(study, table, evidence), None
+    curves, findings = history(uri, table), None
+    epochs = best_epochs(curves, dict(zip(runs["run_id"], runs["seed"])))
+    table = with_best_epochs(table, epochs)
+    claims = check_claims(study, table, evidence, epochs)
     if finder:
         table1 = fast_table1(all_runs, fingerprint)
         claims = finder.claims(uri, spec["claims_of"], table, table1)
@@ -277,8 +299,17 @@ def display(report: Report) -> pd.DataFrame:
             frame[(split, "95% interval")] = report.table.apply(_interval, axis=1, split=split)
         frame[(split, "paper")] = paper.map(lambda v: f"{v:g}" if present(v) else "")
         frame[(split, "diff")] = diff.map(lambda v: f"{v:+.1%}" if present(v) else "")
+    if "best_epoch" in study_spec(report.study).get("columns", []):
+        frame[("", "best epoch")] = report.table.apply(_best_epoch, axis=1)
     frame[("", "seeds")] = report.table.apply(_seeds, axis=1)
     return pd.DataFrame(frame)
+
+
+def _best_epoch(row: pd.Series) -> str:
+    mean, std = row["best_epoch"], row["best_epoch_std"]
+    if not present(mean):
+        return ""
+    return f"{mean:.1f} ± {std:.1f}" if present(std) else f"{mean:.0f}"
 
 
 def attempts_table(report: Report) -> pd.DataFrame:

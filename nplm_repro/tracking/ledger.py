@@ -1,7 +1,8 @@
 """The run ledger: one job becomes one MLflow run, unless its config already ran (skip) or was killed (resume).
 
 `run` is a job: check, load the corpus, resolve the precision (`models.precision.job_precision`), then under the
-config's lock find a FINISHED run of its config_key (skip), or `record` one: resume the config's newest run from its
+config's lock find a FINISHED run of its config_key (skip), or of its MLP's model_key in another study (`adopt` it
+into this one, untrained), or `record` one: resume the config's newest run from its
 last checkpoint if a kill interrupted it, mark orphaned RUNNING runs KILLED, fit or train, log. A mixed row finds
 (or first trains) its MLP's run by model_key (`base_run`). Every look-up is one `search` of the experiment's runs.
 """
@@ -150,10 +151,16 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     cfg.trainer.precision, precision_tags = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)
     key = config_key(cfg, corpus.fingerprint)
     trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
-    with mlp_lock(model_key(cfg, corpus.fingerprint)) if trains_mlp else contextlib.nullcontext(), config_lock(key):
+    mlp = model_key(cfg, corpus.fingerprint) if trains_mlp else None
+    with mlp_lock(mlp) if mlp else contextlib.nullcontext(), config_lock(key):
         found = None if cfg.rerun else find_finished(cfg.tracking.uri, cfg.tracking.experiment, config_key=key)
         if found:
             return reuse(cfg, found)
+        trained = (
+            None if cfg.rerun or not mlp else find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=mlp)
+        )
+        if trained:
+            return adopt(cfg, corpus, key, trained)
         return record(cfg, corpus, key, precision_tags)
 
 
@@ -169,6 +176,39 @@ def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
     if cfg.get("row") and "row" not in run_.data.tags:
         client.set_tag(found, "row", cfg.row)
     return found, dict(run_.data.metrics)
+
+
+# What a trained run's tags say of how and where it computed: an adopted run is that computation, so it says the same.
+COMPUTED_TAGS = ("git_commit", "mlflow.source.git.commit", "model_key", "checkpoint_dir", "python", "torch_threads")
+COMPUTED_PREFIXES = ("version.", "cpu_", "precision.")
+
+
+def adopt(cfg: DictConfig, corpus: Corpus, key: str, trained: str) -> tuple[str, dict[str, float]]:
+    """This job's MLP was already trained by a job of another study (same model_key): record it as a run of this
+    study without training it again. The new run has this job's config and tags, the trained run's metrics (with
+    their per-epoch histories), its kept scores and its tags of where it computed, and the tag `adopted_from`."""
+    client = mlflow.MlflowClient(cfg.tracking.uri)
+    source = client.get_run(trained)
+    log.info("adopted: run %s (study %s) trained this MLP already", trained, source.data.tags.get("study", "none"))
+    scores = base_scores(cfg.tracking.uri, trained, corpus)
+    computed = {k: v for k, v in source.data.tags.items() if k in COMPUTED_TAGS or k.startswith(COMPUTED_PREFIXES)}
+    logger = open_run(cfg, corpus, config_key=key, adopted_from=trained)
+    try:
+        for name, value in computed.items():
+            client.set_tag(logger.run_id, name, value)
+        # its results, not MLflow's system metrics: those of the training are on the trained run
+        names = [name for name in source.data.metrics if not name.startswith("system/")]
+        history = [m for name in names for m in client.get_metric_history(trained, name)]
+        for start in range(0, len(history), 1000):  # MLflow takes at most 1000 metrics per batch
+            client.log_batch(logger.run_id, metrics=history[start : start + 1000])
+        log_scores(client, logger.run_id, scores)
+        client.log_text(logger.run_id, redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
+        client.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
+        logger.close()
+    except BaseException:
+        logger.finalize("failed")
+        raise
+    return logger.run_id, {k: v for k, v in source.data.metrics.items() if k in names}
 
 
 def own_dir(path: Path) -> Path:
