@@ -258,6 +258,7 @@ def test_several_seeds_are_mean_and_std_of_the_newest_finished_run_of_each_seed(
     mlp1 = row(table1, "MLP1")
     assert (mlp1["seeds"], mlp1["running"]) == (3, 1)
     assert mlp1["valid_ppl"] == pytest.approx(282) and mlp1["valid_ppl_std"] == pytest.approx(2)
+    assert (mlp1["valid_ppl_min"], mlp1["valid_ppl_max"]) == (280, 284)  # brown_seeds' range column
     assert mlp1["test_ppl"] == pytest.approx(268) and mlp1["train_ppl"] == pytest.approx(182)
     md = render.markdown(table1, [])
     assert "| MLP1 " in md and "282.0 ± 2.0" in md and "3 (+1 running)" in md

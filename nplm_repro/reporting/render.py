@@ -27,6 +27,10 @@ DIRTY_NOTE = (
 )
 
 
+# the CSV columns of the extra columns a study declares (studies.yaml `columns`)
+COLUMN_FIELDS = {"best_epoch": ("best_epoch", "best_epoch_std"), "test_range": ("test_ppl_min", "test_ppl_max")}
+
+
 @dataclass(frozen=True)
 class Item:
     """A point of a list: its text after an optional lead in bold, and the points under it."""
@@ -252,7 +256,7 @@ def csv_table(report: Report) -> pd.DataFrame:
         "config_id",
         "run_ids",
         *(["dirty_runs"] if report.marked.any() else []),  # how many of run_ids came from a dirty work tree
-        *(c for column in study_spec(report.study).get("columns", []) for c in (column, f"{column}_std")),
+        *(c for column in study_spec(report.study).get("columns", []) for c in COLUMN_FIELDS[column]),
     ]
     return report.table.reindex(columns=columns)
 

@@ -299,10 +299,18 @@ def display(report: Report) -> pd.DataFrame:
             frame[(split, "95% interval")] = report.table.apply(_interval, axis=1, split=split)
         frame[(split, "paper")] = paper.map(lambda v: f"{v:g}" if present(v) else "")
         frame[(split, "diff")] = diff.map(lambda v: f"{v:+.1%}" if present(v) else "")
-    if "best_epoch" in study_spec(report.study).get("columns", []):
+    columns = study_spec(report.study).get("columns", [])
+    if "test_range" in columns:
+        frame[("test", "seeds' range")] = report.table.apply(_range, axis=1, split="test")
+    if "best_epoch" in columns:
         frame[("", "best epoch")] = report.table.apply(_best_epoch, axis=1)
     frame[("", "seeds")] = report.table.apply(_seeds, axis=1)
     return pd.DataFrame(frame)
+
+
+def _range(row: pd.Series, split: str) -> str:
+    low, high = row.get(f"{split}_ppl_min"), row.get(f"{split}_ppl_max")
+    return f"{low:.1f}-{high:.1f}" if row["status"] == "finished" and row["seeds"] > 1 and present(low) else ""
 
 
 def _best_epoch(row: pd.Series) -> str:
