@@ -781,8 +781,24 @@ def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16() 
             "minutes": [31.0, 7.0],
         }
     )
-    (line,) = sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", ""))
+    claim, line, arithmetic = sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", "17907"))
     assert line.startswith("MLP9: exact (bf16-mixed) valid 260.0, test 240.0, 15 epochs, 30.0 min; sampled (k=500, ")
-    assert line.endswith("valid 262.6 (+1.0%), test 240.0 (+0.0%), 17 epochs, 6.0 min in fit: 5.0x faster")
+    assert line.endswith(
+        "valid 262.6 (+1.0%), test 240.0 (+0.0%), 17 epochs, 6.0 min in fit: 5.0x faster; no interval: its runs kept "
+        "no scores"
+    )
+    assert claim.endswith("(every pair's test interval within ±2%): inconclusive.")
+    assert arithmetic.startswith(
+        "Arithmetic: the sampled gradient computes 500 of the 17,907 output rows per token, 36x"
+    )
+    runs["label"] = ["MLP9 exact", "MLP9 sampled"]
+    for sampled_test, noise, verdict in (
+        (241.0, 0.0005, "holds"),
+        (241.0, 0.05, "inconclusive"),
+        (260.0, 0.0, "fails"),
+    ):
+        evidence = evidence_of(runs.assign(test_ppl=[240.0, sampled_test]), noise=noise)
+        claim, line, _ = sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", "17907", evidence))
+        assert claim.endswith(f": {verdict}.") and line.endswith(f"]: {verdict}"), line
     runs.loc[1, "config"] = json.dumps(sampled | {"model.h": "50"})  # another model: no pair
     assert sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", "")) == []

@@ -216,7 +216,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         table1 = fast_table1(all_runs, fingerprint)
         claims = finder.claims(uri, spec["claims_of"], table, table1)
         findings = finder.findings(table, table1, curves)
-    context = notes.Context(study, table, all_runs, fingerprint, data["vocab_size"])
+    context = notes.Context(study, table, all_runs, fingerprint, data["vocab_size"], evidence)
     return Report(
         study=study,
         experiment=experiment,
