@@ -18,7 +18,6 @@ import math
 import sys
 from pathlib import Path
 
-import mlflow
 import numpy as np
 
 from nplm_repro.cli import TRACEBACK, cli, store_arguments
@@ -26,7 +25,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.locks import sqlite_file
-from nplm_repro.tracking.scoring import RunScorer, Tokens
+from nplm_repro.tracking.scoring import RunScorer, Tokens, find_row
 from nplm_repro.tracking.store import check_store
 
 TOLERANCE = 1e-6  # relative: kept scores must give the run's logged perplexity
@@ -58,31 +57,6 @@ def _arguments() -> argparse.Namespace:
     if args.per_token and not args.per_token.parent.is_dir():
         raise NplmError(f"--per-token {args.per_token}: no such directory {args.per_token.parent}")
     return args
-
-
-def find_row(uri: str, experiment: str, study: str, row: str, seed: int | None) -> str:
-    """The newest FINISHED run of `row` in `study`, on the data of the study's newest run."""
-    client = mlflow.MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        raise NplmError(f"the store has no experiment {experiment!r} (--experiment)")
-    newest = client.search_runs(
-        [found.experiment_id], f"tags.study = '{study}'", order_by=["attributes.start_time DESC"], max_results=1
-    )
-    if not newest:
-        raise NplmError(f"no run of study {study!r} in experiment {experiment!r}")
-    fingerprint = newest[0].data.tags.get("data_fingerprint", "")
-    query = (
-        f"tags.study = '{study}' and tags.row = '{row}' and tags.data_fingerprint = '{fingerprint}'"
-        " and attributes.status = 'FINISHED'"
-    )
-    if seed is not None:
-        query += f" and params.seed = '{seed}'"
-    runs = client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
-        seeds = f" with seed {seed}" if seed is not None else ""
-        raise NplmError(f"no FINISHED run of row {row!r}{seeds} in study {study!r} on data {fingerprint}")
-    return runs[0].info.run_id
 
 
 def summary(scorer: RunScorer, tokens: Tokens, logprob: np.ndarray) -> str:

@@ -13,9 +13,11 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+import torch
 from helpers import SLICE, composed, console_script
 from mlflow.tracking import MlflowClient
 
+from nplm_repro import ask as nplm_ask
 from nplm_repro import score as nplm_score
 from nplm_repro.scores import ARTIFACT
 from nplm_repro.tracking import ledger
@@ -212,3 +214,74 @@ def test_an_mlp_without_its_weights_says_so_when_scored_again(
     scores_file(uri, run_id).unlink()
     done = score(tmp_path, run_id, "--tracking-uri", uri, "--log")
     assert done.returncode == 2 and "has no checkpoints/best.ckpt" in done.stderr, done.stderr
+
+
+@pytest.fixture
+def ask(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
+    """`nplm-ask` in this process: its exit code, stdout and stderr."""
+
+    def run(workdir: Path, *args: str) -> Done:
+        monkeypatch.setenv("HYDRA_FULL_ERROR", "")
+        monkeypatch.chdir(workdir)
+        monkeypatch.setattr(sys, "argv", ["nplm-ask", *args])
+        code = 0
+        try:
+            nplm_ask.main()
+        except SystemExit as exit_:
+            code = exit_.code
+        out = capsys.readouterr()
+        return Done(code, out.out, out.err)
+
+    return run
+
+
+def test_generate_continues_a_prompt_the_same_for_a_seed(
+    store: tuple[Path, str, dict[str, str]], ask: Callable[..., Done]
+) -> None:
+    workdir, uri, ids = store
+    args = ["generate", ids["mlp5"], "--tracking-uri", uri, "--prompt", "The jury said", "--words", "12"]
+    first, again, other = (ask(workdir, *args, "--seed", seed) for seed in ("1", "1", "2"))
+    assert first.returncode == 0, first.stderr
+    head, text = first.stdout.strip().split("\n")
+    assert head.endswith("12 words, temperature 1, seed 1:") and text.startswith("The jury said | ")
+    assert len(text.split(" | ")[1].split()) == 12
+    assert again.stdout == first.stdout and other.stdout != first.stdout
+    greedy = ask(workdir, *args, "--temperature", "0", "--no-unk")
+    assert "most probable words" in greedy.stdout and "<unk>" not in greedy.stdout.split(" | ")[1]
+    by_row = ask(workdir, "generate", "--row", "MLP5", "--study", "", "--tracking-uri", uri)
+    assert by_row.returncode == 2  # --study names a study: the empty one is refused
+
+
+def test_neighbours_are_the_nearest_rows_of_c(
+    store: tuple[Path, str, dict[str, str]], ask: Callable[..., Done]
+) -> None:
+    workdir, uri, ids = store
+    done = ask(workdir, "neighbours", ids["mlp5"], "the", "of", "--k", "3", "--tracking-uri", uri)
+    assert done.returncode == 0, done.stderr
+    head, the, of = done.stdout.strip().split("\n")
+    assert head.endswith("3 nearest words by cosine similarity of C:")
+    module = RunScorer(uri, ids["mlp5"]).mlp()
+    vocab = RunScorer(uri, ids["mlp5"]).corpus.vocab
+    unit = torch.nn.functional.normalize(module.model.C.detach(), dim=1)
+    similarity = unit @ unit[vocab.index("the")]
+    similarity[vocab.index("the")] = -1
+    best = [vocab[i] for i in similarity.topk(3).indices.tolist()]
+    assert [item.rsplit(" ", 1)[0] for item in the.removeprefix("the: ").split(", ")] == best
+    assert of.startswith("of: ")
+
+
+def test_ask_refuses_unknown_words_runs_and_n_grams_in_one_line(
+    store: tuple[Path, str, dict[str, str]], ask: Callable[..., Done]
+) -> None:
+    workdir, uri, ids = store
+    cases = {
+        ("neighbours", ids["mlp5"], "thw"): "'thw' is not in the run's vocabulary",
+        ("generate", ids["mlp5"], "--prompt", "The jurry"): "'jurry' is not in the run's vocabulary",
+        ("neighbours", ids["kn3"], "the"): "is a ngram run: generate and neighbours ask an MLP",
+        ("neighbours", "0" * 32, "the"): f"no run {'0' * 32} in the store",
+        ("neighbours", ids["mlp5"]): "name at least one word",
+    }
+    for args, words in cases.items():
+        done = ask(workdir, *args, "--tracking-uri", uri)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert "the" in ask(workdir, "neighbours", ids["mlp5"], "thw", "--tracking-uri", uri).stderr.split("closest: ")[1]

@@ -19,6 +19,7 @@ from nplm_repro.data.windows import loader
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.tracking.kept import kept_scores
 from nplm_repro.tracking.records import flat_params
+from nplm_repro.tracking.scoring import RunScorer
 from nplm_repro.tracking.store import EXPERIMENT_KIND
 
 SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]
@@ -208,6 +209,8 @@ def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
     scores = [kept_scores(client, r.info.run_id) for r in (first, adopted)]
     assert all(np.array_equal(scores[0].splits[s].logprob, scores[1].splits[s].logprob) for s in ("valid", "test"))
     assert not [a for a in client.list_artifacts(adopted.info.run_id) if a.path == "checkpoints"]  # weights not copied
+    weights = [RunScorer(copy, r.info.run_id).mlp().model.C for r in (first, adopted)]  # nplm-score, nplm-ask
+    assert torch.equal(*weights)
     result = run_script("nplm-train", *args, "rerun=true", cwd=tmp_path)
     assert result.returncode == 0 and "adopted: run" not in result.stdout + result.stderr, result.stderr[-3000:]
 

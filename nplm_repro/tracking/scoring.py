@@ -9,6 +9,7 @@ weights fitted again on validation by the same EM. Each scores through the code 
 
 from __future__ import annotations
 
+import difflib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from nplm_repro.baselines.mixture import TrigramMixture
 from nplm_repro.baselines.ngram import DeletedInterpolation, NgramModel, split_windows
 from nplm_repro.data.brown import brown_text
-from nplm_repro.data.corpus import UNK, Corpus
+from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.text import read_text_tokens
 from nplm_repro.errors import NplmError
@@ -140,20 +141,40 @@ class RunScorer:
             raise NplmError(f"--split {split}: the run's data has the splits {', '.join(self.corpus.bounds)}")
         return Tokens.of_split(self.corpus, split)
 
-    def text(self, path: Path) -> Tokens:
-        """A user's text, read with the run's own reader and preprocessing, its words outside the run's vocabulary
-        as `<unk>`: a corpus of its own over the run's vocabulary, the whole text one span."""
+    def words(self, text: str) -> list[int]:
+        """The ids of a short text (a prompt), read as `text` reads a file, without the marks of its end; a word
+        outside the run's vocabulary is an error naming it and its closest spellings."""
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "prompt.txt"
+            path.write_text(text)
+            words = self._read(path)
+        while words and words[-1] in (END_OF_PARAGRAPH, END_OF_TEXT):
+            words.pop()
+        index = {w: i for i, w in enumerate(self.corpus.vocab)}
+        for word in words:
+            if word not in index:
+                close = difflib.get_close_matches(word, self.corpus.vocab, n=3)
+                hint = f"; closest: {', '.join(close)}" if close else ""
+                raise NplmError(f"{word!r} is not in the run's vocabulary ({len(index):,} words){hint}")
+        return [index[w] for w in words]
+
+    def _read(self, path: Path) -> list[str]:
+        """A file's words, with the run's own reader and preprocessing."""
         try:
             raw = path.read_bytes()
         except OSError as error:
             raise NplmError(f"--text {path}: cannot read ({error.strerror or error})") from None
         if self.cfg.data.corpus == "brown":
             try:
-                words = brown_text(raw.decode("utf-8"))[0]
+                return brown_text(raw.decode("utf-8"))[0]
             except UnicodeDecodeError as error:
                 raise NplmError(f"--text {path}: not UTF-8 at byte {error.start}") from None
-        else:
-            words = read_text_tokens(path, self.cfg.data)
+        return read_text_tokens(path, self.cfg.data)
+
+    def text(self, path: Path) -> Tokens:
+        """A user's text, read with the run's own reader and preprocessing, its words outside the run's vocabulary
+        as `<unk>`: a corpus of its own over the run's vocabulary, the whole text one span."""
+        words = self._read(path)
         index = {w: i for i, w in enumerate(self.corpus.vocab)}
         unk = index[UNK]
         ids = torch.tensor([index.get(w, unk) for w in words], dtype=torch.int64)
@@ -163,7 +184,7 @@ class RunScorer:
     def logprob(self, tokens: Tokens) -> np.ndarray:
         """ln P of every token (float64 from a count, float32 values from an MLP's exact softmax)."""
         if self.kind == "mlp":
-            return score_splits(self.cfg, self._mlp(), tokens.corpus, [tokens.span])[tokens.span]
+            return score_splits(self.cfg, self.mlp(), tokens.corpus, [tokens.span])[tokens.span]
         if self.kind == "ngram":
             return np.log(self._counted().window_probs(tokens.rows(self._counted().order)))
         base = self._mixed_base()
@@ -175,15 +196,17 @@ class RunScorer:
         logprobs = {split: self.logprob(self.split(split)) for split in KEPT_SPLITS}
         return Scores.of(self.corpus.text_names(), logprobs, {s: self.corpus.text_ids(s) for s in KEPT_SPLITS})
 
-    def _mlp(self) -> NPLMModule:
+    def mlp(self) -> NPLMModule:
+        """The MLP's best weights, from its checkpoint (an adopted run's are those of the run it adopted)."""
         if self._module is None:
-            if CHECKPOINT not in artifacts(self.client, self.run_id, "checkpoints"):
+            source = self.run.data.tags.get("adopted_from", self.run_id)
+            if CHECKPOINT not in artifacts(self.client, source, "checkpoints"):
                 raise NplmError(
-                    f"run {self.run_id} has no {CHECKPOINT} (it stopped before its first validation, or the checkpoint "
+                    f"run {source} has no {CHECKPOINT} (it stopped before its first validation, or the checkpoint "
                     "was deleted): its weights are gone"
                 )
             with tempfile.TemporaryDirectory() as into:
-                path = download(self.client, self.run_id, CHECKPOINT, into)
+                path = download(self.client, source, CHECKPOINT, into)
                 try:
                     self._module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
                 except (OSError, RuntimeError, EOFError) as error:
@@ -214,3 +237,28 @@ class RunScorer:
             rows = split_windows(self.corpus, "valid", trigram.order)
             self._mixture = TrigramMixture(self.cfg.model.mix, trigram).fit(np.exp(valid.astype(np.float64)), rows)
         return self._mixture
+
+
+def find_row(uri: str, experiment: str, study: str, row: str, seed: int | None) -> str:
+    """The newest FINISHED run of `row` in `study`, on the data of the study's newest run."""
+    client = mlflow.MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise NplmError(f"the store has no experiment {experiment!r} (--experiment)")
+    newest = client.search_runs(
+        [found.experiment_id], f"tags.study = '{study}'", order_by=["attributes.start_time DESC"], max_results=1
+    )
+    if not newest:
+        raise NplmError(f"no run of study {study!r} in experiment {experiment!r}")
+    fingerprint = newest[0].data.tags.get("data_fingerprint", "")
+    query = (
+        f"tags.study = '{study}' and tags.row = '{row}' and tags.data_fingerprint = '{fingerprint}'"
+        " and attributes.status = 'FINISHED'"
+    )
+    if seed is not None:
+        query += f" and params.seed = '{seed}'"
+    runs = client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        seeds = f" with seed {seed}" if seed is not None else ""
+        raise NplmError(f"no FINISHED run of row {row!r}{seeds} in study {study!r} on data {fingerprint}")
+    return runs[0].info.run_id

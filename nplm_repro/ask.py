@@ -1,0 +1,99 @@
+"""`nplm-ask`: ask a trained MLP run what it learned: text continued from a prompt, or the nearest words of words in
+its learned feature space C (cosine similarity).
+
+nplm-ask generate 3f2a... --prompt "The jury said" --words 30 --seed 1
+nplm-ask generate --row MLP9 --study brown_table1 --prompt "It was" --temperature 0.8
+nplm-ask neighbours --row MLP9 --study brown_table1 cat dog room walking
+
+The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py), its words read as `nplm-score --text`
+reads a text: the run's own reader and vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from nplm_repro.cli import TRACEBACK, cli, store_arguments
+from nplm_repro.data.corpus import END_OF_TEXT, UNK
+from nplm_repro.errors import NplmError
+from nplm_repro.models.use import continue_ids, nearest
+from nplm_repro.tracking.locks import sqlite_file
+from nplm_repro.tracking.scoring import RunScorer, find_row
+from nplm_repro.tracking.store import check_store
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="nplm-ask", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="continue a prompt, one word at a time")
+    neighbours = commands.add_parser("neighbours", help="the nearest words of words in the feature space C")
+    generate.add_argument("run_id", nargs="?", help="the MLP run (or --row and --study)")
+    neighbours.add_argument("items", nargs="+", metavar="[RUN_ID] WORD", help="the MLP run (or --row), then words")
+    for command in (generate, neighbours):
+        command.add_argument("--row", help="a paper row (MLP9, ...): the newest FINISHED run of it in --study")
+        command.add_argument("--study", help="with --row: the study whose run is asked (tag study)")
+        command.add_argument("--run-seed", type=int, help="with --row: that seed's run (default: the newest)")
+        command.add_argument("--experiment", default="brown", help="with --row: the MLflow experiment")
+        command.add_argument("--data-path", help="the run's corpus, where its recorded path no longer holds it")
+        store_arguments(command)
+    generate.add_argument("--prompt", default="", help="the text to continue (default: none, as a text starts)")
+    generate.add_argument("--words", type=int, default=30, help="how many words to draw (default: 30)")
+    generate.add_argument("--temperature", type=float, default=1.0, help="0: always the most probable word")
+    generate.add_argument("--seed", type=int, default=1, help="the draws' seed: the same seed, the same text")
+    generate.add_argument("--no-unk", action="store_true", help="never draw <unk>")
+    neighbours.add_argument("--k", type=int, default=10, help="how many neighbours per word (default: 10)")
+    args = parser.parse_args()
+    if args.command == "neighbours":  # with --row every item is a word, else the first names the run
+        args.run_id, args.words = (None, args.items) if args.row else (args.items[0], args.items[1:])
+        if not args.words:
+            raise NplmError("neighbours: name at least one word after the run")
+    if bool(args.run_id) == bool(args.row):
+        raise NplmError("name one run: a run id, or --row with --study")
+    if args.row and not args.study:
+        raise NplmError("--row needs --study: the study whose run of that row is asked")
+    if args.command == "generate" and (args.words < 1 or args.temperature < 0):
+        raise NplmError("--words must be at least 1 and --temperature at least 0")
+    if args.command == "neighbours" and args.k < 1:
+        raise NplmError("--k must be at least 1")
+    return args
+
+
+def generate(scorer: RunScorer, args: argparse.Namespace) -> str:
+    vocab = scorer.corpus.vocab
+    prompt = scorer.words(args.prompt)
+    never = (vocab.index(UNK),) if args.no_unk else ()
+    drawn = continue_ids(scorer.mlp(), prompt, args.words, args.temperature, args.seed, vocab.index(END_OF_TEXT), never)
+    shown = " ".join(vocab[i] for i in prompt) + " | " + " ".join(vocab[i] for i in drawn)
+    how = f"temperature {args.temperature:g}, seed {args.seed}" if args.temperature else "most probable words"
+    return f"run {scorer.run_id[:12]} ({scorer.name}), {args.words} words, {how}:\n{shown.strip()}"
+
+
+def neighbours(scorer: RunScorer, args: argparse.Namespace) -> str:
+    vocab = scorer.corpus.vocab
+    ids = scorer.words(" ".join(args.words))
+    found = nearest(scorer.mlp().model.C.detach(), ids, args.k)
+    lines = [f"run {scorer.run_id[:12]} ({scorer.name}), {args.k} nearest words by cosine similarity of C:"]
+    for word, near in zip(args.words, found):
+        lines.append(f"{word}: " + ", ".join(f"{vocab[i]} {s:.2f}" for i, s in near))
+    return "\n".join(lines)
+
+
+def _main() -> None:
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    args = _arguments()
+    path = sqlite_file(args.tracking_uri)
+    if path is not None and not path.is_file():
+        raise NplmError(f"no tracking store at {path}: pass --tracking-uri")
+    check_store(args.tracking_uri, create=False)
+    run_id = args.run_id or find_row(args.tracking_uri, args.experiment, args.study, args.row, args.run_seed)
+    scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
+    if scorer.kind != "mlp":
+        raise NplmError(f"run {run_id} is a {scorer.kind} run: generate and neighbours ask an MLP (eq. 1) itself")
+    print(generate(scorer, args) if args.command == "generate" else neighbours(scorer, args))
+
+
+main = cli(_main, traceback_env=TRACEBACK)
+
+if __name__ == "__main__":
+    main()

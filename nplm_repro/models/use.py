@@ -1,0 +1,50 @@
+"""What a trained eq. (1) is asked besides a score: text continued from a prompt, and the nearest words in C.
+
+Both work on ids of the run's vocabulary; `nplm-ask` (nplm_repro/ask.py) turns words into ids and back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from nplm_repro.models.lightning_module import NPLMModule
+
+
+@torch.no_grad()
+def continue_ids(
+    module: NPLMModule,
+    prompt: list[int],
+    words: int,
+    temperature: float,
+    seed: int,
+    pad: int,
+    never: tuple[int, ...] = (),
+) -> list[int]:
+    """`words` ids drawn one at a time from P(w_t | the n-1 ids before it), each distribution's log-probabilities
+    divided by `temperature` (0: the most probable word every time); the same for the same seed. A prompt shorter
+    than n-1 is padded on the left with `pad` (`<eot>`: as if a text had just ended, as the stream starts). The ids
+    in `never` (say `<unk>`) are never drawn."""
+    n = module.model.n
+    generator = torch.Generator().manual_seed(seed)
+    ids = [pad] * max(0, n - 1 - len(prompt)) + list(prompt)
+    for _ in range(words):
+        context = torch.tensor([ids[-(n - 1) :][::-1]])  # w_{t-1} first, as eq. (1) reads its context
+        logp = module(context)[0]
+        if never:
+            logp[list(never)] = -torch.inf
+        if temperature == 0:
+            ids.append(int(logp.argmax()))
+        else:
+            ids.append(int(torch.multinomial(F.softmax(logp / temperature, dim=-1), 1, generator=generator)))
+    return ids[len(ids) - words :]
+
+
+@torch.no_grad()
+def nearest(features: torch.Tensor, ids: list[int], k: int) -> list[list[tuple[int, float]]]:
+    """For each id, the k other ids whose rows of C are nearest by cosine similarity, with that similarity."""
+    unit = F.normalize(features.float(), dim=1)
+    similarity = unit[ids] @ unit.T
+    similarity[torch.arange(len(ids)), ids] = -torch.inf  # a word is not its own neighbour
+    values, found = similarity.topk(k, dim=1)
+    return [list(zip(row.tolist(), value.tolist())) for row, value in zip(found, values)]
