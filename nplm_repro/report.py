@@ -4,6 +4,7 @@ nplm-report                                    # Table 1 (Brown) from ./mlflow.d
 nplm-report --study grid --fingerprint b45c28977b58c44b
 nplm-report --tracking-uri http://127.0.0.1:5000 --out /tmp/reports
 nplm-report --require-clean                    # only runs made from committed code (no git commit +dirty)
+nplm-report --study brown_table1 --register     # also register the study's best MLP (nplm-brown-brown_table1)
 
 Which runs make the table: nplm_repro/reporting/runs.py.
 """
@@ -40,6 +41,11 @@ def _main() -> None:
         action="store_true",
         help="leave out runs made from a work tree with uncommitted changes (git commit +dirty)",
     )
+    parser.add_argument(
+        "--register",
+        action="store_true",
+        help="register the study's best MLP (lowest valid perplexity) as nplm-<experiment>-<study>, as a sweep does",
+    )
     args = parser.parse_args()
     check_report_dir(str(args.out), f"--out {args.out}")
     experiment = args.experiment or PAPER_TABLES.get(args.study, "brown")
@@ -48,6 +54,13 @@ def _main() -> None:
         print(f"nplm-report: left out {report.left_out} runs from dirty work trees (--require-clean)", file=sys.stderr)
     for path in write(report, args.out):
         print(path)
+    if args.register:
+        from nplm_repro.tracking.registry import register_best  # loads torch: a report alone never does
+
+        registered = register_best(args.tracking_uri, experiment, args.study)
+        print(
+            f"registered: models:/{registered}" if registered else "registered nothing: the study has no finished MLP"
+        )
 
 
 main = cli(_main, traceback_env=TRACEBACK)

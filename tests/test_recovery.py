@@ -393,7 +393,7 @@ def test_a_read_only_cache_is_one_line_and_no_store(tiny_brown_path: Path, small
 @pytest.mark.slow
 def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_path: Path, tmp_path: Path) -> None:
     """MLP4 mixes the kept scores of MLP3's finished run: scores.npz truncated, one line and exit 2; deleted with
-    best.ckpt gone too, one line and exit 2 (each mixed run FAILED); deleted with the checkpoint back, the MLP is
+    its Model's best.ckpt gone too, one line and exit 2 (each mixed run FAILED); deleted with the checkpoint back, the MLP is
     scored again from it, keeps its scores again, and the mixed row finishes."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
@@ -409,7 +409,8 @@ def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_pa
     assert train().returncode == 0
     (mlp,) = runs(uri)
     artifacts = next(tmp_path.glob(f"mlruns/*/{mlp.info.run_id}/artifacts"))
-    scores, checkpoint = artifacts / "scores.npz", artifacts / "checkpoints" / "best.ckpt"
+    scores = artifacts / "scores.npz"
+    checkpoint = next(tmp_path.glob("mlruns/*/models/*/artifacts/artifacts/best.ckpt"))  # the weights, in its Model
     scores.write_bytes(scores.read_bytes()[:1000])
     truncated = train("model.mix=fixed")
     assert truncated.returncode == 2
@@ -422,8 +423,8 @@ def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_pa
     assert lost.returncode == 2
     assert lost.stderr.strip().splitlines()[-1] == (
         f"nplm-train: error: the MLP this row mixes (run {mlp.info.run_id}) kept no scores (scores.npz) and has no "
-        "checkpoints/best.ckpt to score it again: train that MLP again (its row with rerun=true) so that the mixture "
-        "finds the new run"
+        "weights (Model or checkpoints/best.ckpt) to score it again: train that MLP again (its row with rerun=true) so "
+        "that the mixture finds the new run"
     )
     assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED"]
     checkpoint.write_bytes(data)

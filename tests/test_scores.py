@@ -213,7 +213,9 @@ def test_an_mlp_without_its_weights_says_so_when_scored_again(
     run_id, _ = ledger.run(composed("experiment=mlp5", *overrides, f"tracking.uri={uri}", checkpoints))
     scores_file(uri, run_id).unlink()
     done = score(tmp_path, run_id, "--tracking-uri", uri, "--log")
-    assert done.returncode == 2 and "has no checkpoints/best.ckpt" in done.stderr, done.stderr
+    assert done.returncode == 2 and "has no weights, neither a Model nor checkpoints/best.ckpt" in done.stderr, (
+        done.stderr
+    )
 
 
 @pytest.fixture

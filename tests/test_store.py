@@ -16,6 +16,7 @@ from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 from nplm_repro.errors import NplmError
 from nplm_repro.tracking import locks
 from nplm_repro.tracking.ledger import own_dir
+from nplm_repro.tracking.served import model_of
 from nplm_repro.tracking.store import check_store
 
 ROWS = ["del_int", "kn3", "kn4", "kn5"]
@@ -64,8 +65,8 @@ def test_two_mlps_started_in_the_same_second_in_one_directory_keep_their_own_che
 ) -> None:
     """Hydra names a run's directory by the second: two commands started in the same second from one directory get
     the same one (forced here with one `hydra.run.dir`). Their runs shared `checkpoints/` (Lightning wrote the second
-    one's as best-v1.ckpt and last-v1.ckpt, so a resume of it would load the other run's last.ckpt, and its artifact
-    was not checkpoints/best.ckpt, which a mixed row fetches)."""
+    one's as best-v1.ckpt and last-v1.ckpt, so a resume of it would load the other run's last.ckpt, and its Model
+    would miss the best.ckpt it is made of)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = [f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8", "trainer.max_epochs=1", "threads=1"]
     common += [f"tracking.uri={uri}", f"hydra.run.dir={tmp_path}/same-second", "trainer.enable_progress_bar=false"]
@@ -79,7 +80,7 @@ def test_two_mlps_started_in_the_same_second_in_one_directory_keep_their_own_che
         own = Path(run.data.tags["checkpoint_dir"])
         assert sorted(p.name for p in own.iterdir()) == ["best.ckpt", "last.ckpt"]
         assert run.data.params["callbacks.model_checkpoint.dirpath"] == str(own)
-        assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/best.ckpt"]
+        assert model_of(client, run.info.run_id) is not None  # its own best.ckpt became its Model
 
 
 def test_a_checkpoint_directory_is_never_given_twice(tmp_path: Path) -> None:

@@ -4,14 +4,17 @@ is missing."""
 
 import os
 import re
+import subprocess
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
 import mlflow
 import pandas as pd
 import pytest
-from helpers import CONF, SLICE_5K, composed, composed_study, data_slice, run_script
+import requests
+from helpers import CONF, SLICE_5K, composed, composed_study, console_script, data_slice, free_port, run_script
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
@@ -120,6 +123,53 @@ def test_finished_sweep_keeps_its_report_and_headline_numbers_on_the_parent(tabl
             "mlp_margin_over_del_int": del_int / mlp - 1,
         }
     )
+
+
+@pytest.mark.slow
+def test_a_finished_sweep_registers_its_best_mlp_and_mlflow_serves_it(table: tuple[Path, str, list[str]]) -> None:
+    """The study's MLP with the lowest valid perplexity (here its only one, MLP3) is version 1 of
+    nplm-brown-brown_table1, and `mlflow models serve` answers it over HTTP: the next words, a 4xx for a context
+    too short, and the server still answers after it."""
+    workdir, uri, _ = table
+    client = MlflowClient(uri)
+    (version,) = client.search_model_versions("name = 'nplm-brown-brown_table1'")
+    mlp3 = runs_of(uri).set_index("tags.row").loc["MLP3"]
+    assert int(version.version) == 1 and version.run_id == mlp3["run_id"]
+    assert version.tags["row"] == "MLP3" and float(version.tags["valid_ppl"]) == pytest.approx(
+        mlp3["metrics.valid_ppl"]
+    )
+    assert version.tags["data_fingerprint"] == mlp3["tags.data_fingerprint"]
+    port = free_port()
+    serve = [console_script("mlflow"), "models", "serve", "-m", "models:/nplm-brown-brown_table1/1"]
+    serve += ["--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"MLFLOW_TRACKING_URI": uri}
+    env["PATH"] = f"{Path(console_script('mlflow')).parent}{os.pathsep}{env['PATH']}"  # it starts `uvicorn` by name
+    server = subprocess.Popen(serve, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while not ready(f"{url}/ping"):
+            assert server.poll() is None, server.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "mlflow models serve did not answer /ping in 180 s"
+            time.sleep(1)
+        ask = {"dataframe_records": [{"context": "The Fulton County Grand Jury said"}], "params": {"k": 3}}
+        answer = requests.post(f"{url}/invocations", json=ask, timeout=60)
+        assert answer.status_code == 200, answer.text
+        (prediction,) = answer.json()["predictions"]
+        assert len(prediction["words"]) == 3 and sorted(prediction["probs"], reverse=True) == prediction["probs"]
+        short = requests.post(f"{url}/invocations", json={"dataframe_records": [{"context": "the"}]}, timeout=60)
+        assert 400 <= short.status_code < 500 and "has 1 tokens" in short.text, short.text
+        assert requests.post(f"{url}/invocations", json=ask, timeout=60).json() == answer.json()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def ready(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False
 
 
 @pytest.mark.slow

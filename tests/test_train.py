@@ -16,10 +16,10 @@ from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
-from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.tracking.kept import kept_scores
 from nplm_repro.tracking.records import flat_params
 from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.tracking.served import model_of
 from nplm_repro.tracking.store import EXPERIMENT_KIND
 
 SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]
@@ -96,8 +96,8 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     # the reported valid_ppl is that of the best epoch's checkpoint
     assert run["metrics.valid_ppl"] == pytest.approx(min(m.value for m in history), rel=1e-5)
     artifacts = {a.path for a in client.list_artifacts(run["run_id"])}
-    assert {"config.yaml", "data.txt", "checkpoints"} <= artifacts
-    assert [a.path for a in client.list_artifacts(run["run_id"], "checkpoints")] == ["checkpoints/best.ckpt"]
+    assert {"config.yaml", "data.txt"} <= artifacts and "checkpoints" not in artifacts  # the weights: in the Model
+    assert model_of(client, run["run_id"]) is not None
     # each key of the config once, by our name: none of Lightning's own copies (n, m, optim/lr) beside them
     logged = client.get_run(run["run_id"])
     assert set(logged.data.params) == set(flat_params(composed(*mlp3_args(brown_path, uri), DIRPATH)))
@@ -105,14 +105,11 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
 
 
 def test_reported_perplexity_equals_brute_force(trained: tuple[Path, str], brown_path: Path) -> None:
-    """Re-score the logged checkpoint token by token in float64: the same number as the run's test_ppl."""
-    workdir, uri = trained
+    """Re-score the run's Model (its best checkpoint) token by token in float64: the same number as its test_ppl."""
+    _, uri = trained
     mlflow.set_tracking_uri(uri)
     run = mlflow.search_runs(experiment_names=["brown"], filter_string="tags.row = 'MLP3'").iloc[0]
-    path = mlflow.artifacts.download_artifacts(
-        run_id=run["run_id"], artifact_path="checkpoints/best.ckpt", dst_path=str(workdir / "download")
-    )
-    module = NPLMModule.load_from_checkpoint(path).eval()
+    module = mlflow.pyfunc.load_model(f"runs:/{run['run_id']}/model").unwrap_python_model().module  # its Model
     corpus = prepare_brown(str(brown_path), train=20000, valid=4000, test=4000)
     start, end = corpus.bounds["test"]
     eot = corpus.vocab.index(END_OF_TEXT)
@@ -238,5 +235,4 @@ def test_a_run_cut_by_max_steps_finishes_and_is_scored_on_every_token(
     for split in SPLITS:
         assert run.data.metrics[f"{split}_tokens"] == sizes[split]
         assert 1 < run.data.metrics[f"{split}_ppl"] < int(run.data.tags["vocab_size"])
-    saved = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
-    assert saved == (["checkpoints/best.ckpt"] if validations else [])
+    assert (model_of(client, run.info.run_id) is not None) == bool(validations)  # no best checkpoint: no Model

@@ -58,6 +58,15 @@ def build_module(cfg: DictConfig, corpus: Corpus) -> NPLMModule:
     return instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, lsi=lsi, _convert_="all")
 
 
+def best_checkpoint(cfg: DictConfig) -> Path | None:
+    """The best-validation checkpoint a run wrote, or None (no validation ran, or no checkpoint callback)."""
+    checkpoint = cfg.callbacks.get("model_checkpoint")
+    if not checkpoint:
+        return None
+    path = Path(checkpoint.dirpath) / f"{checkpoint.filename}{ModelCheckpoint.FILE_EXTENSION}"
+    return path if path.is_file() else None
+
+
 def one_device(trainer: DictConfig) -> dict[str, Any]:
     """The trainer's settings on one device of its accelerator: the exact evaluation, whose scores are kept."""
     return {**trainer, "devices": 1, "num_nodes": 1, "strategy": "auto"}
@@ -66,8 +75,8 @@ def one_device(trainer: DictConfig) -> dict[str, Any]:
 def train_neural(
     cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: Path | None = None
 ) -> tuple[dict[str, float], Scores]:
-    """Train eq. (1) (or continue from checkpoint `resume_from`), keep the best-validation checkpoint, score every
-    split with it (the weights as they are when no validation ran: a run stopped by max_steps before its first);
+    """Train eq. (1) (or continue from checkpoint `resume_from`), keep the best-validation checkpoint (`best_checkpoint`;
+    the ledger logs it as the run's Model), score every split with it (the weights as they are when no validation ran: a run stopped by max_steps before its first);
     returns the metrics and the kept scores of valid and test, from that one evaluation."""
     n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
     module = build_module(cfg, corpus)
@@ -93,8 +102,6 @@ def train_neural(
     start = time.perf_counter()
     tester.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
     cost["score_seconds"] = time.perf_counter() - start
-    if best:
-        logger.experiment.log_artifact(logger.run_id, best, "checkpoints")
     metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
     logger.log_metrics(cost)
     kept = {s: keep.kept(SPLITS.index(s)).numpy() for s in KEPT_SPLITS}

@@ -30,13 +30,14 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError, interrupted, one_line
 from nplm_repro.models.precision import job_precision
-from nplm_repro.models.training import train_neural
+from nplm_repro.models.training import best_checkpoint, train_neural
 from nplm_repro.scores import ARTIFACT, Scores
-from nplm_repro.tracking.kept import artifacts, kept_scores, log_scores
+from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.keys import config_key, is_neural, model_key
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
-from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer
+from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
+from nplm_repro.tracking.served import log_mlp_model
 from nplm_repro.tracking.store import open_store, reach_store, redact
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,10 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
     client = mlflow.MlflowClient(uri)
     scores = kept_scores(client, base)
     if scores is None:
-        if CHECKPOINT not in artifacts(client, base, "checkpoints"):
+        if not has_weights(client, base):
             raise NplmError(
-                f"the MLP this row mixes (run {base}) kept no scores ({ARTIFACT}) and has no {CHECKPOINT} to score "
-                "it again: train that MLP again (its row with rerun=true) so that the mixture finds the new run"
+                f"the MLP this row mixes (run {base}) kept no scores ({ARTIFACT}) and has no weights (Model or {CHECKPOINT}) "
+                "to score it again: train that MLP again (its row with rerun=true) so that the mixture finds the new run"
             )
         log.info("the MLP of run %s kept no scores: scoring it again from its checkpoint", base)
         scores = RunScorer(uri, base, corpus=corpus).kept()
@@ -265,6 +266,9 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
     try:
         metrics, scores = fit(cfg, corpus, logger)
         log_scores(logger.experiment, logger.run_id, scores)
+        best = best_checkpoint(cfg) if "model_key" in tags else None  # a trained MLP's weights, as its Model
+        if best:
+            log_mlp_model(logger.experiment, logger.run_id, best, corpus, cfg.data)
         logger.experiment.log_text(logger.run_id, redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
         logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
         logger.close()

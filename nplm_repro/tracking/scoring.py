@@ -34,9 +34,17 @@ from nplm_repro.models.training import score_splits
 from nplm_repro.scores import KEPT_SPLITS, Scores
 from nplm_repro.tracking.kept import artifacts, download, kept_scores
 from nplm_repro.tracking.keys import is_neural
+from nplm_repro.tracking.served import model_of, tracking_at
 from nplm_repro.tracking.store import redact, store_error
 
-CHECKPOINT = "checkpoints/best.ckpt"
+CHECKPOINT = "checkpoints/best.ckpt"  # where runs kept their weights before they logged a Model
+
+
+def has_weights(client: mlflow.MlflowClient, run_id: str) -> bool:
+    """Whether an MLP run's weights can be loaded: its Model, or the checkpoint of a run from before Models."""
+    return model_of(client, run_id) is not None or CHECKPOINT in artifacts(client, run_id, "checkpoints")
+
+
 TEXT = "text"  # the span a user's text takes in the corpus built around it
 
 
@@ -197,20 +205,27 @@ class RunScorer:
         return Scores.of(self.corpus.text_names(), logprobs, {s: self.corpus.text_ids(s) for s in KEPT_SPLITS})
 
     def mlp(self) -> NPLMModule:
-        """The MLP's best weights, from its checkpoint (an adopted run's are those of the run it adopted)."""
+        """The MLP's best weights: its Model's checkpoint, or the checkpoint artifact of a run from before runs logged
+        a Model (an adopted run's weights are those of the run it adopted)."""
         if self._module is None:
             source = self.run.data.tags.get("adopted_from", self.run_id)
-            if CHECKPOINT not in artifacts(self.client, source, "checkpoints"):
+            model = model_of(self.client, source)
+            if model is None and CHECKPOINT not in artifacts(self.client, source, "checkpoints"):
                 raise NplmError(
-                    f"run {source} has no {CHECKPOINT} (it stopped before its first validation, or the checkpoint "
-                    "was deleted): its weights are gone"
+                    f"run {source} has no weights, neither a Model nor {CHECKPOINT} (it stopped before its first "
+                    "validation, or they were deleted)"
                 )
             with tempfile.TemporaryDirectory() as into:
-                path = download(self.client, source, CHECKPOINT, into)
+                if model is None:
+                    path = download(self.client, source, CHECKPOINT, into)
+                else:
+                    with tracking_at(self.uri):  # models:/ resolves through the global tracking URI
+                        folder = mlflow.artifacts.download_artifacts(f"models:/{model}", dst_path=into)
+                    path = str(next((Path(folder) / "artifacts").glob("*.ckpt")))
                 try:
                     self._module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
                 except (OSError, RuntimeError, EOFError) as error:
-                    raise NplmError(f"the checkpoint of run {self.run_id} is unreadable: {error}") from None
+                    raise NplmError(f"the weights of run {source} are unreadable: {error}") from None
             self._module.eval()
         return self._module
 

@@ -17,6 +17,7 @@ with its report listing the failed rows, after a failed job; KILLED after Ctrl-C
 runs of joblib's workers, which joblib kills outright (each once its config_lock shows the worker gone), the runs
 it resumed from earlier sweeps included (tag `resumed_in`).
 
+A sweep whose jobs all ran registers its study's best MLP (tracking/registry.py) unless `tracking.register=false`.
 The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`),
 looked up when the sweep ends: tracking does not import the reporting code. It returns the files it wrote and
 the study's headline numbers, which the parent run keeps as artifacts (`report/`) and metrics. A report that
@@ -53,6 +54,7 @@ from nplm_repro.paths import check_report_dir
 from nplm_repro.tracking.ledger import end_orphans, search
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
+from nplm_repro.tracking.registry import register_best
 from nplm_repro.tracking.store import check_store, ensure_experiment, redact
 
 log = logging.getLogger(__name__)
@@ -153,12 +155,14 @@ class MlflowSweep(Callback):
         self.study: str | None = None
         self.report: str | None = None  # the directory the study's report goes to, or None
         self.launcher: str = ""
+        self.register = False  # tracking.register: the study's best MLP into the Model Registry when it ends
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.uri, experiment = config.tracking.uri, config.tracking.experiment
         study = config.get("study")
         self.experiment, self.study, self.report = experiment, study, config.get("report")
         self.launcher = config.hydra.launcher._target_
+        self.register = bool(config.tracking.get("register", True))
         overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=True))
         params = config.hydra.sweeper.get("params")  # null without a sweep file: `-m key=a,b`
         params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
@@ -215,6 +219,8 @@ class MlflowSweep(Callback):
         logged (the job's error is the sweep's). A study with nothing to report is a warning (`report_with`'s)."""
         MlflowSweep.open = None
         try:
+            if status == "FINISHED" and self.register and self.study:
+                register_best(self.uri, self.experiment, self.study)
             if status != "KILLED" and self.writes_report():
                 report = get_method(self.report_with)
                 self.keep_report(*report(self.uri, self.experiment, self.study, Path(self.report)))

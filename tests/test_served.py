@@ -1,0 +1,97 @@
+"""Every MLP run is an MLflow Model (tracking/served.py): loaded by URI in a fresh Python process that imports
+nothing of ours, it answers the exact softmax of the run's weights; bad requests are errors a server answers 400."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from helpers import SLICE, composed
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from nplm_repro.tracking import ledger
+from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.tracking.served import model_of
+
+CONTEXT = "The Fulton County Grand Jury said Friday that"
+
+
+@pytest.fixture(scope="module")
+def mlp(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """One short MLP5 run (n=5) on 28k tokens of Brown in a real store: its folder, store and run id."""
+    workdir = tmp_path_factory.mktemp("served")
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    overrides = [f"data.path={brown_path}", *SLICE, "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        run_id, _ = ledger.run(
+            composed(
+                "experiment=mlp5", *overrides, f"tracking.uri={uri}", f"callbacks.model_checkpoint.dirpath={workdir}/c"
+            )
+        )
+    return workdir, uri, run_id
+
+
+def exact(uri: str, run_id: str, words: list[str]) -> torch.Tensor:
+    """ln P(next word | the last 4 words) from the run's weights, as nplm-score loads them."""
+    scorer = RunScorer(uri, run_id)
+    index = {w: i for i, w in enumerate(scorer.corpus.vocab)}
+    unk = index["<unk>"]
+    context = torch.tensor([[index.get(w, unk) for w in words[-4:]][::-1]])
+    with torch.no_grad():
+        return scorer.mlp()(context)[0].double()
+
+
+def test_a_fresh_process_loads_the_runs_model_by_uri_and_gets_the_exact_softmax(mlp: tuple[Path, str, str]) -> None:
+    workdir, uri, run_id = mlp
+    assert model_of(MlflowClient(uri), run_id) is not None
+    code = (
+        "import json, sys, mlflow, pandas as pd\n"
+        f"model = mlflow.pyfunc.load_model('runs:/{run_id}/model')\n"
+        f"out = model.predict(pd.DataFrame({{'context': [{CONTEXT!r}], 'next_word': ['the']}}), params={{'k': 5}})\n"
+        "print(json.dumps({'words': out['words'][0], 'probs': [float(p) for p in out['probs'][0]],"
+        " 'logprob': float(out['logprob'][0]), 'code': sys.modules['nplm_repro'].__file__}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"MLFLOW_TRACKING_URI": uri}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "/code/nplm_repro/" in answer["code"]  # the Model's own copy of the code, not this checkout's
+    logp = exact(uri, run_id, CONTEXT.split())
+    top = logp.topk(5)
+    vocab = RunScorer(uri, run_id).corpus.vocab
+    assert answer["words"] == [vocab[i] for i in top.indices.tolist()]
+    np.testing.assert_allclose(answer["probs"], top.values.exp().numpy(), rtol=1e-5)
+    assert answer["logprob"] == pytest.approx(float(logp[vocab.index("the")]), abs=1e-5)
+
+
+def test_bad_requests_are_invalid_parameter_errors(mlp: tuple[Path, str, str]) -> None:
+    _, uri, run_id = mlp
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    cases = {
+        "": "has 0 tokens: this model reads the last 4",
+        "the jury": "has 2 tokens",
+    }
+    for context, words in cases.items():
+        with pytest.raises(MlflowException, match=words) as raised:
+            model.predict(pd.DataFrame({"context": [context]}))
+        assert raised.value.error_code == "INVALID_PARAMETER_VALUE"
+    with pytest.raises(MlflowException, match="must be a string"):
+        model.unwrap_python_model().predict(None, pd.DataFrame({"context": [5]}))
+    with pytest.raises(MlflowException, match="k=0"):
+        model.predict(pd.DataFrame({"context": [CONTEXT]}), params={"k": 0})
+    longer = model.predict(pd.DataFrame({"context": ["It was " + CONTEXT]}), params={"k": 3})
+    assert longer["words"][0] == model.predict(pd.DataFrame({"context": [CONTEXT]}), params={"k": 3})["words"][0]
+    assert np.isnan(longer["logprob"][0])  # no next_word asked
