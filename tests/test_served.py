@@ -94,4 +94,4 @@ def test_bad_requests_are_invalid_parameter_errors(mlp: tuple[Path, str, str]) -
         model.predict(pd.DataFrame({"context": [CONTEXT]}), params={"k": 0})
     longer = model.predict(pd.DataFrame({"context": ["It was " + CONTEXT]}), params={"k": 3})
     assert longer["words"][0] == model.predict(pd.DataFrame({"context": [CONTEXT]}), params={"k": 3})["words"][0]
-    assert np.isnan(longer["logprob"][0])  # no next_word asked
+    assert longer["logprob"][0] is None  # no next_word asked: null in JSON

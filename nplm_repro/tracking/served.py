@@ -12,7 +12,7 @@ Input: a DataFrame, one context per row: `context`, a text read with the run's o
 tokens are the context (fewer is an error); optionally `next_word`, whose log-probability is returned. Params: `k`,
 how many of the most probable next words to return (default 10). Output: per row `words` and `probs` (the k most
 probable, most probable first) and `logprob` (of `next_word`, a word outside the vocabulary scored as `<unk>`;
-NaN without one).
+None, JSON's null, without one).
 """
 
 from __future__ import annotations
@@ -105,14 +105,14 @@ class NextWords(mlflow.pyfunc.PythonModel):
             logp = self.module(torch.tensor(rows, dtype=torch.int64)).double()
         top = logp.topk(k, dim=1)
         nexts = model_input["next_word"] if "next_word" in model_input else [None] * len(rows)
-        asked = [
-            np.nan if not isinstance(w, str) else float(logp[i, self.index.get(w, unk)]) for i, w in enumerate(nexts)
+        asked = [  # None (JSON's null) where no next word was asked: NaN is no JSON
+            None if not isinstance(w, str) else float(logp[i, self.index.get(w, unk)]) for i, w in enumerate(nexts)
         ]
         return pd.DataFrame(
             {
                 "words": [[self.vocab[j] for j in row] for row in top.indices.tolist()],
                 "probs": [list(np.exp(row)) for row in top.values.tolist()],
-                "logprob": asked,
+                "logprob": pd.Series(asked, dtype=object if None in asked else float),
             }
         )
 
