@@ -4,6 +4,7 @@ its learned feature space C (cosine similarity).
 nplm-ask generate 3f2a... --prompt "The jury said" --words 30 --seed 1
 nplm-ask generate --row MLP9 --study brown_table1 --prompt "It was" --temperature 0.8
 nplm-ask neighbours --row MLP9 --study brown_table1 cat dog room walking
+nplm-ask features 3f2a... --log                      # a run from before runs kept them: its features/ artifacts
 
 The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py), its words read as `nplm-score --text`
 reads a text: the run's own reader and vocabulary.
@@ -18,6 +19,8 @@ from nplm_repro.cli import TRACEBACK, cli, store_arguments
 from nplm_repro.data.corpus import END_OF_TEXT, UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.models.use import continue_ids, nearest
+from nplm_repro.tracking import features as tracked
+from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.locks import sqlite_file
 from nplm_repro.tracking.scoring import RunScorer, find_row
 from nplm_repro.tracking.store import check_store
@@ -28,9 +31,11 @@ def _arguments() -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="continue a prompt, one word at a time")
     neighbours = commands.add_parser("neighbours", help="the nearest words of words in the feature space C")
-    generate.add_argument("run_id", nargs="?", help="the MLP run (or --row and --study)")
+    features = commands.add_parser("features", help="the run's features/ artifacts: probe words' neighbours, a map")
+    for command in (generate, features):
+        command.add_argument("run_id", nargs="?", help="the MLP run (or --row and --study)")
     neighbours.add_argument("items", nargs="+", metavar="[RUN_ID] WORD", help="the MLP run (or --row), then words")
-    for command in (generate, neighbours):
+    for command in (generate, neighbours, features):
         command.add_argument("--row", help="a paper row (MLP9, ...): the newest FINISHED run of it in --study")
         command.add_argument("--study", help="with --row: the study whose run is asked (tag study)")
         command.add_argument("--run-seed", type=int, help="with --row: that seed's run (default: the newest)")
@@ -42,6 +47,7 @@ def _arguments() -> argparse.Namespace:
     generate.add_argument("--temperature", type=float, default=1.0, help="0: always the most probable word")
     generate.add_argument("--seed", type=int, default=1, help="the draws' seed: the same seed, the same text")
     generate.add_argument("--no-unk", action="store_true", help="never draw <unk>")
+    features.add_argument("--log", action="store_true", help="attach them to the run (as runs now do when they end)")
     neighbours.add_argument("--k", type=int, default=10, help="how many neighbours per word (default: 10)")
     args = parser.parse_args()
     if args.command == "neighbours":  # with --row every item is a word, else the first names the run
@@ -79,6 +85,16 @@ def neighbours(scorer: RunScorer, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def features(scorer: RunScorer, log: bool) -> str:
+    """The probe words' neighbours and the paper's sentences; with `log`, all of features/ attached to the run."""
+    module = scorer.mlp()
+    if log:
+        log_features(scorer.client, scorer.run_id, module, scorer.corpus, scorer.name)
+    lines = [*tracked.neighbours(module, scorer.corpus), *tracked.sentences(module, scorer.corpus)]
+    attached = f"\nattached to run {scorer.run_id[:12]}: {tracked.FOLDER}/ (neighbours.md, sentences.md, map.png)"
+    return "\n".join(lines) + (attached if log else "")
+
+
 def _main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     args = _arguments()
@@ -90,6 +106,9 @@ def _main() -> None:
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
     if scorer.kind != "mlp":
         raise NplmError(f"run {run_id} is a {scorer.kind} run: generate and neighbours ask an MLP (eq. 1) itself")
+    if args.command == "features":
+        print(features(scorer, args.log))
+        return
     print(generate(scorer, args) if args.command == "generate" else neighbours(scorer, args))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,10 @@ from helpers import SLICE, composed
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from nplm_repro.reporting.render import write
+from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
+from nplm_repro.tracking.features import PROBES
 from nplm_repro.tracking.scoring import RunScorer
 from nplm_repro.tracking.served import model_of
 
@@ -95,3 +99,26 @@ def test_bad_requests_are_invalid_parameter_errors(mlp: tuple[Path, str, str]) -
     longer = model.predict(pd.DataFrame({"context": ["It was " + CONTEXT]}), params={"k": 3})
     assert longer["words"][0] == model.predict(pd.DataFrame({"context": [CONTEXT]}), params={"k": 3})["words"][0]
     assert longer["logprob"][0] is None  # no next_word asked: null in JSON
+
+
+def test_every_mlp_run_lays_out_its_word_features_and_the_report_shows_them(
+    mlp: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    """features/: neighbours of the probe words in the vocabulary, the paper's two sentences under the MLP and the
+    trigram, the map; the report of the study shows those of its best MLP, and its map among the figures."""
+    _, uri, run_id = mlp
+    client = MlflowClient(uri)
+    assert {a.path for a in client.list_artifacts(run_id, "features")} == {
+        f"features/{name}" for name in ("neighbours.md", "sentences.md", "map.png")
+    }
+    report = build(uri, "brown", "brown_table1")  # an MLP5 run without a study: Table 1's row
+    assert report.learned is not None and report.learned.run_id == run_id
+    vocab = RunScorer(uri, run_id).corpus.vocab
+    assert [line.split(":")[0] for line in report.learned.neighbours] == [w for w in PROBES if w in vocab]
+    first, perplexities = report.learned.sentences[:2]
+    assert first.startswith("The cat is walking in the bedroom: P(word | before) MLP / Del. Int.: The ")
+    assert "cat (<unk>)" in first or "cat" in vocab
+    assert re.fullmatch(r"The cat is walking in the bedroom: perplexity MLP [\d.]+, Del. Int. [\d.]+", perplexities)
+    written = {p.name for p in write(report, tmp_path)}
+    assert "brown_table1_features_map.png" in written
+    assert "## What the best MLP's word features learned" in (tmp_path / "brown_table1.md").read_text()

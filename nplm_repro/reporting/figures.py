@@ -18,6 +18,10 @@ def draw(report: Report, directory: Path) -> list[str]:
     name = f"{report.study}_valid_by_epoch.png"
     if valid_by_epoch(report, directory / name):
         names.append(name)
+    if report.learned is not None:  # drawn when its run ended (tracking/features.py): copied as it is
+        name = f"{report.study}_features_map.png"
+        (directory / name).write_bytes(report.learned.map_png)
+        names.append(name)
     for knob in (*COLUMNS, *report.extra):
         name = f"{report.study}_{knob}.png"
         if against_knob(report, knob, directory / name):

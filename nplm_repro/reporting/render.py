@@ -123,6 +123,7 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
         *_recipe_sections(report),
         Section(claims_heading, paragraphs=(CLAIMS_NOTE,) if report.recipe else (), items=claims),
         Section("The paper's claims this corpus cannot test", items=elsewhere),
+        *_learned_sections(report),
         *(Section(heading, items=tuple(Item(line) for line in lines)) for heading, lines in lists),
         Section("Attempts", paragraphs=(chosen,), table=None if attempts.empty else attempts),
         Section("Figures", figures=tuple(figures)),
@@ -130,6 +131,25 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
     sections = [s for s in sections if s.items or s.table is not None or s.figures]
     regenerate = "From the directory that holds the store (or with `--tracking-uri`):"
     return [*sections, Section("Regenerate", paragraphs=(regenerate,), command=report.command)]
+
+
+def _learned_sections(report: Report) -> list[Section]:
+    """What the best MLP's word features learned: nearest words of probe words, the paper's example sentences."""
+    learned = report.learned
+    if learned is None:
+        return []
+    where = f"{learned.label}, run {learned.run_id[:8]} (the best MLP on validation); its map is among the figures."
+    return [
+        Section(
+            "What the best MLP's word features learned: nearest words in C (cosine similarity)",
+            paragraphs=(where,),
+            items=tuple(Item(line) for line in learned.neighbours),
+        ),
+        Section(
+            "The paper's example sentences (p. 1139): P(word | the words before it), MLP / Del. Int.",
+            items=tuple(Item(line) for line in learned.sentences),
+        ),
+    ]
 
 
 def _recipe_sections(report: Report) -> list[Section]:

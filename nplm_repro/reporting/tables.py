@@ -4,9 +4,12 @@ tried per row, the claims checked, and everything else a report says, before any
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import mlflow
 import numpy as np
 import pandas as pd
 
@@ -29,6 +32,7 @@ from nplm_repro.reporting.runs import (
     varying_keys,
 )
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.tracking.kept import artifacts, download
 
 
 def _with_rel_diff(table: pd.DataFrame) -> pd.DataFrame:
@@ -110,6 +114,40 @@ def with_best_epochs(table: pd.DataFrame, epochs: dict[str, dict[str, float]]) -
     )
 
 
+@dataclass(frozen=True)
+class Learned:
+    """The best MLP's `features/` artifacts (tracking/features.py): neighbours of probe words, the paper's example
+    sentences, the map of the frequent words (PNG bytes)."""
+
+    label: str
+    run_id: str
+    neighbours: tuple[str, ...]
+    sentences: tuple[str, ...]
+    map_png: bytes
+
+
+def learned_features(uri: str, table: pd.DataFrame) -> Learned | None:
+    """The features/ artifacts of the trained MLP row with the lowest validation perplexity (its first seed that has
+    them), or None: no trained MLP row, or runs made before runs logged them (`nplm-ask features RUN --log`)."""
+    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    if trained.empty:
+        return None
+    best_row = trained.sort_values("valid_ppl").iloc[0]
+    client = mlflow.MlflowClient(uri)
+    for run_id in best_row["run_ids"].split():
+        if "features/map.png" not in artifacts(client, run_id, "features"):
+            continue
+        with tempfile.TemporaryDirectory() as into:
+            folder = Path(download(client, run_id, "features", into))
+            lines = {
+                name: tuple(line[2:] for line in (folder / name).read_text().splitlines() if line.startswith("- "))
+                for name in ("neighbours.md", "sentences.md")
+            }
+            png = (folder / "map.png").read_bytes()
+        return Learned(best_row["label"], run_id, lines["neighbours.md"], lines["sentences.md"], png)
+    return None
+
+
 @dataclass
 class Report:
     """Everything a report says, before it is written in any format."""
@@ -135,6 +173,7 @@ class Report:
     require_clean: bool = False
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
     recipe: recipe.Findings | None = None  # a study that declares `findings: recipe` (brown_recipe)
+    learned: Learned | None = None  # what the best MLP's features learned (its run's features/ artifacts)
 
     @property
     def command(self) -> str:
@@ -239,6 +278,7 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         require_clean=require_clean,
         left_out=left_out,
         recipe=findings,
+        learned=learned_features(uri, table),
     )
 
 

@@ -29,9 +29,11 @@ from nplm_repro.baselines.ngram import fit_ngram
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError, interrupted, one_line
+from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.precision import job_precision
 from nplm_repro.models.training import best_checkpoint, train_neural
 from nplm_repro.scores import ARTIFACT, Scores
+from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.keys import config_key, is_neural, model_key
 from nplm_repro.tracking.locks import config_lock, mlp_lock
@@ -269,6 +271,14 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
         best = best_checkpoint(cfg) if "model_key" in tags else None  # a trained MLP's weights, as its Model
         if best:
             log_mlp_model(logger.experiment, logger.run_id, best, corpus, cfg.data)
+            weights = NPLMModule.load_from_checkpoint(best, map_location="cpu")
+            log_features(
+                logger.experiment,
+                logger.run_id,
+                weights,
+                corpus,
+                logger.experiment.get_run(logger.run_id).info.run_name,
+            )
         logger.experiment.log_text(logger.run_id, redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
         logger.experiment.log_text(logger.run_id, corpus.summary() + "\n", "data.txt")
         logger.close()
