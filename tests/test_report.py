@@ -96,7 +96,7 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     report.main()
     study = "brown_table1"
     figures = {f"{study}_valid_by_epoch.png", f"{study}_n.png", f"{study}_mix.png"}  # h, m, direct, c: one value
-    figures.add(f"{study}_features_map.png")  # the best MLP's, drawn when its run ended
+    figures |= {f"{study}_features_map.png", f"{study}_claims.png"}  # the best MLP's map; the claims' forest plot
     files = {f"{study}.{ext}" for ext in ("md", "tex", "csv", "html")} | figures
     assert {p.name for p in out.iterdir()} == files
     assert sorted(capsys.readouterr().out.split()) == sorted(str(out / f) for f in files)
@@ -803,3 +803,25 @@ def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16() 
         assert claim.endswith(f": {verdict}.") and line.endswith(f"]: {verdict}"), line
     runs.loc[1, "config"] = json.dumps(sampled | {"model.h": "50"})  # another model: no pair
     assert sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", "")) == []
+
+
+def test_the_claims_forest_plot_has_one_line_per_measured_pair_under_its_claim(tmp_path: Path) -> None:
+    """Table 1's claims on the paper's own numbers: every pair a point with its interval, threshold lines where the
+    claims draw them, short labels (the key=value words every label shares left out), nothing when none measured."""
+    from matplotlib import image
+
+    from nplm_repro.reporting.figures import claims_forest, short_labels
+
+    table = paper_as_ours()
+    claims = check_claims("brown_table1", table, evidence_of(table))
+    assert sum(len(c.measured) for c in claims) == 15 and all(
+        m.low <= m.estimate <= m.high for c in claims for m in c.measured
+    )
+    report = type("R", (), {"study": "brown_table1", "claims": claims})()
+    assert claims_forest(report, ("better", "equivalent"), tmp_path / "claims.png")
+    assert image.imread(tmp_path / "claims.png").shape[0] > 400  # a row per pair and per claim
+    assert not claims_forest(report, ("more",), tmp_path / "epochs.png") and not (tmp_path / "epochs.png").exists()
+    assert short_labels(["MLP n=5 h=50 m=30 / MLP5", "MLP n=5 h=100 m=30 / MLP9"]) == [
+        "MLP h=50 / MLP5",
+        "MLP h=100 / MLP9",
+    ]

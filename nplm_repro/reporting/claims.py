@@ -29,12 +29,28 @@ NO_SCORES = "no interval: its runs kept no scores (nplm-score RUN --log attaches
 
 
 @dataclass(frozen=True)
+class Measured:
+    """One pair of a claim, in numbers: what it compares, the relative difference with its 95% interval, the line
+    the interval is judged against (`better`, `more`: above `threshold`; `equivalent`: within +-threshold)."""
+
+    pair: str
+    estimate: float
+    low: float
+    high: float
+    verdict: str
+    kind: str
+    threshold: float
+
+
+@dataclass(frozen=True)
 class Claim:
-    """The claim's words, our verdict on it, and the numbers behind the verdict, one line per pair."""
+    """The claim's words, our verdict on it, and the numbers behind the verdict, one line per pair (`measured`: the
+    pairs with an interval, for the forest plot)."""
 
     text: str
     verdict: str
     evidence: tuple[str, ...]
+    measured: tuple[Measured, ...] = ()
 
 
 DEFAULT_STUDY = {"notes": ["sampled_vs_exact"]}  # what a study that studies.yaml does not name says
@@ -103,6 +119,7 @@ class Checker:
         self, table: pd.DataFrame, evidence: Evidence, epochs: dict[str, dict[str, float]] | None = None
     ) -> None:
         self.numbers, self.evidence, self.epochs = Numbers(table), evidence, epochs or {}
+        self.measured: list[Measured] = []  # the current claim's pairs with an interval
 
     def more(self, pair: list[str], threshold: float) -> tuple[str, str | None]:
         """One `more` pair [a, b], "b takes more epochs to its best validation than a": b / a less 1, per seed."""
@@ -120,6 +137,9 @@ class Checker:
         if bounds is None:
             return f"{head}; no interval: 1 seed", INCONCLUSIVE
         verdict = verdict_of(Difference(float(np.mean(ratios)), *bounds), "better", threshold)
+        self.measured.append(
+            Measured(f"{a} to {b} (epochs)", float(np.mean(ratios)), *bounds, verdict, "more", threshold)
+        )
         count = f"{len(seeds)} seeds"
         return f"{head}, 95% interval over {count} [{_pct(bounds[0])}, {_pct(bounds[1])}]: {verdict}", verdict
 
@@ -147,10 +167,15 @@ class Checker:
         if difference is None:
             return f"{head}; {NO_SCORES}{paper}", INCONCLUSIVE
         verdict = verdict_of(difference, kind, threshold)
+        self.measured.append(
+            Measured(
+                f"{baseline} / {model}", difference.estimate, difference.low, difference.high, verdict, kind, threshold
+            )
+        )
         return f"{head}, 95% interval [{_pct(difference.low)}, {_pct(difference.high)}]: {verdict}{paper}", verdict
 
     def claim(self, spec: dict[str, Any]) -> Claim:
-        lines, verdicts = [], []
+        lines, verdicts, self.measured = [], [], []
         for kind, threshold in (("better", spec.get("by", 0.0)), ("equivalent", spec.get("margin", 0.0))):
             for pair in spec.get(kind, []):
                 line, verdict = self.pair(pair, kind, threshold)
@@ -162,7 +187,7 @@ class Checker:
             verdicts.append(verdict)
         if "margin" in spec:
             lines.append(f"no effect means within ±{spec['margin']:.0%} (the claim's declared margin)")
-        return Claim(spec["claim"], combine(verdicts), tuple(lines))
+        return Claim(spec["claim"], combine(verdicts), tuple(lines), tuple(self.measured))
 
 
 def combine(verdicts: list[str | None]) -> str:

@@ -18,6 +18,12 @@ def draw(report: Report, directory: Path) -> list[str]:
     name = f"{report.study}_valid_by_epoch.png"
     if valid_by_epoch(report, directory / name):
         names.append(name)
+    for kinds, name in (
+        ((BETTER, EQUIVALENT), f"{report.study}_claims.png"),
+        ((MORE,), f"{report.study}_claims_epochs.png"),
+    ):
+        if claims_forest(report, kinds, directory / name):
+            names.append(name)
     if report.learned is not None:  # drawn when its run ended (tracking/features.py): copied as it is
         name = f"{report.study}_features_map.png"
         (directory / name).write_bytes(report.learned.map_png)
@@ -27,6 +33,68 @@ def draw(report: Report, directory: Path) -> list[str]:
         if against_knob(report, knob, directory / name):
             names.append(name)
     return names
+
+
+BETTER, EQUIVALENT, MORE = "better", "equivalent", "more"
+VERDICT_COLOURS = {"holds": "tab:green", "fails": "tab:red", "inconclusive": "0.45"}
+
+
+def short_labels(labels: list[str]) -> list[str]:
+    """The labels less the `key=value` words that every one of them has (they tell nothing apart)."""
+    words = [label.split() for label in labels]
+    shared = set.intersection(*({w for w in ws if "=" in w} for ws in words)) if words else set()
+    return [" ".join(w for w in ws if w not in shared) for ws in words]
+
+
+def claims_forest(report: Report, kinds: tuple[str, ...], path: Path) -> bool:
+    """A forest plot of the claims' pairs of these kinds: each pair's relative difference with its 95% interval,
+    coloured by its verdict, under its claim; the claim's threshold as a dashed line across its own pairs."""
+    claims = [(i, c, [m for m in c.measured if m.kind in kinds]) for i, c in enumerate(report.claims, 1)]
+    claims = [(i, c, pairs) for i, c, pairs in claims if pairs]
+    if not claims:
+        return False
+    labels = iter(short_labels([m.pair for _, _, pairs in claims for m in pairs]))
+    rows = sum(len(pairs) + 1 for _, _, pairs in claims)
+    figure = Figure(figsize=(9, 0.8 + 0.32 * rows))
+    ax = figure.add_subplot()
+    y, ticks, names = rows, [], []
+    for number, claim, pairs in claims:
+        colour = VERDICT_COLOURS.get(claim.verdict, "0.45")
+        words = claim.text if len(claim.text) <= 95 else claim.text[:94] + "…"
+        header = f"{number}. {words}: {claim.verdict}"
+        ax.text(0.005, y, header, transform=ax.get_yaxis_transform(), fontsize=7.5, fontweight="bold", color=colour)
+        for m in pairs:
+            y -= 1
+            colour = VERDICT_COLOURS.get(m.verdict, "0.45")
+            ax.errorbar(
+                m.estimate * 100,
+                y,
+                xerr=[[(m.estimate - m.low) * 100], [(m.high - m.estimate) * 100]],
+                fmt="o",
+                color=colour,
+                capsize=3,
+                markersize=4,
+            )
+            ticks.append(y)
+            names.append(next(labels))
+            for x in (-m.threshold, m.threshold) if m.kind == EQUIVALENT else (m.threshold,):
+                ax.plot([x * 100, x * 100], [y - 0.45, y + 0.45], color="0.3", linestyle="--", linewidth=0.9)
+        y -= 1
+    ax.axvline(0, color="0.75", linewidth=0.8, zorder=0)
+    ax.set_yticks(ticks, names, fontsize=8)
+    ax.set_ylim(y + 0.5, rows + 0.5)
+    what = (
+        "best validation epoch: b over a, less 1"
+        if kinds == (MORE,)
+        else "test perplexity: baseline over model, less 1"
+    )
+    ax.set_xlabel(f"relative difference, % ({what}),\nwith its 95% interval; dashed: the claim's threshold", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(
+        f"{report.study}: the claims, pair by pair (verdicts: green holds, red fails, grey inconclusive)", fontsize=9
+    )
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    return True
 
 
 def _sort_values(values: list[str]) -> list[str]:
