@@ -96,7 +96,8 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     report.main()
     study = "brown_table1"
     figures = {f"{study}_valid_by_epoch.png", f"{study}_n.png", f"{study}_mix.png"}  # h, m, direct, c: one value
-    figures |= {f"{study}_features_map.png", f"{study}_claims.png"}  # the best MLP's map; the claims' forest plot
+    # the rows with intervals, the best MLP's map, the claims' forest plot
+    figures |= {f"{study}_test.png", f"{study}_features_map.png", f"{study}_claims.png"}
     files = {f"{study}.{ext}" for ext in ("md", "tex", "csv", "html")} | figures
     assert {p.name for p in out.iterdir()} == files
     assert sorted(capsys.readouterr().out.split()) == sorted(str(out / f) for f in files)

@@ -9,12 +9,16 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES
+from nplm_repro.reporting.runs import present
 from nplm_repro.reporting.tables import Report
 
 
 def draw(report: Report, directory: Path) -> list[str]:
     """Every figure the report has something to show in, saved into `directory`; their file names, in order."""
     names = []
+    name = f"{report.study}_test.png"
+    if rows_figure(report, directory / name):
+        names.append(name)
     name = f"{report.study}_valid_by_epoch.png"
     if valid_by_epoch(report, directory / name):
         names.append(name)
@@ -33,6 +37,34 @@ def draw(report: Report, directory: Path) -> list[str]:
         if against_knob(report, knob, directory / name):
             names.append(name)
     return names
+
+
+def rows_figure(report: Report, path: Path) -> bool:
+    """Every finished row's test perplexity, one line each, MLPs first: ours filled with its 95% interval over texts
+    (and each seed's own, small), the paper's hollow on the same line; False when no row has a number."""
+    table = report.table[report.table["status"] == "finished"].copy()
+    if table.empty:
+        return False
+    table["_mlp"] = table["family"] != "mlp"
+    table = table.sort_values("_mlp", kind="stable").reset_index(drop=True)
+    labels = short_labels(list(table["label"]))
+    figure = Figure(figsize=(8, 1.0 + 0.3 * len(table)))
+    ax = figure.add_subplot()
+    y = list(range(len(table), 0, -1))
+    for i, row in table.iterrows():
+        colour = "C0" if row["family"] == "mlp" else "C1"
+        low, high = row.get("test_low"), row.get("test_high")
+        if present(low):
+            ax.plot([low, high], [y[i], y[i]], color=colour, linewidth=2, alpha=0.6)
+        ax.plot(row["test_ppl"], y[i], "o", color=colour, markersize=6)
+        if present(row.get("paper_test_ppl")):
+            ax.plot(row["paper_test_ppl"], y[i], "o", markerfacecolor="none", markeredgecolor="k", markersize=7)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel("test perplexity (filled: ours, mean over seeds, bar: 95% interval over texts; hollow: the paper's)")
+    ax.set_title(f"{report.study}: test perplexity per row (blue: MLPs, orange: n-grams)", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    return True
 
 
 BETTER, EQUIVALENT, MORE = "better", "equivalent", "more"
