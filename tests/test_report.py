@@ -826,3 +826,21 @@ def test_the_claims_forest_plot_has_one_line_per_measured_pair_under_its_claim(t
         "MLP h=50 / MLP5",
         "MLP h=100 / MLP9",
     ]
+
+
+def test_a_configuration_the_paper_did_not_run_is_named_after_its_row_without_the_papers_numbers() -> None:
+    """MLP5's columns with fixed word features: row MLP5 (its columns), but no paper number beside it."""
+    base = {"model._target_": "mlp", "model.n": "5", "model.h": "50", "model.m": "30", "model.direct": "True"}
+    configs = pd.DataFrame(
+        [
+            {"family": "mlp", "n": "5", "c": "", "h": "50", "m": "30", "direct": "yes", "mix": "no"}
+            | {"config": json.dumps(base | {"model.features": features})}
+            | {f"{split}_ppl": 1.0 for split in ("train", "valid", "test")}
+            for features in ("learned", "fixed_lsi")
+        ]
+    )
+    table, extra = tables.other_study_table("brown", configs)
+    assert extra == ["model.features"] and list(table["row"]) == ["MLP5", "MLP5"]
+    shown = table.set_index("model.features")
+    assert shown.loc["learned", "paper_test_ppl"] == 279 and np.isnan(shown.loc["fixed_lsi", "paper_test_ppl"])
+    assert list(shown["label"]) == ["MLP5 model.features=fixed_lsi", "MLP5 model.features=learned"]

@@ -15,7 +15,7 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
-from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, label, paper_table, row_key
+from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_SETUP, PAPER_TABLES, label, paper_table, row_key
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims, study_spec
 from nplm_repro.reporting.intervals import Evidence
@@ -82,8 +82,12 @@ def other_study_table(corpus: str, configs: pd.DataFrame) -> tuple[pd.DataFrame,
     by_columns = {row_key(r["family"], r): r for _, r in paper.iterrows()}
     matched = [by_columns.get(row_key(r["family"], r)) for _, r in table.iterrows()]
     table["row"] = [m["row"] if m is not None else FAMILY_NAMES.get(f, f) for m, f in zip(matched, table["family"])]
+    papers = [
+        m if m is not None and all(json.loads(c).get(k, v) == v for k, v in PAPER_SETUP.items()) else None
+        for m, c in zip(matched, table["config"])
+    ]
     for split in SPLITS:
-        table[f"paper_{split}_ppl"] = [m[f"paper_{split}_ppl"] if m is not None else np.nan for m in matched]
+        table[f"paper_{split}_ppl"] = [m[f"paper_{split}_ppl"] if m is not None else np.nan for m in papers]
     order = {f: i for i, f in enumerate(FAMILY_NAMES)}
     table = table.assign(
         _family=table["family"].map(order).fillna(len(order)),
