@@ -23,6 +23,7 @@ from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.features import PROBES
+from nplm_repro.tracking.registry import register_best
 from nplm_repro.tracking.scoring import RunScorer
 from nplm_repro.tracking.served import model_of
 
@@ -122,3 +123,20 @@ def test_every_mlp_run_lays_out_its_word_features_and_the_report_shows_them(
     written = {p.name for p in write(report, tmp_path)}
     assert "brown_table1_features_map.png" in written
     assert "## What the best MLP's word features learned" in (tmp_path / "brown_table1.md").read_text()
+
+
+def test_the_best_mlp_of_a_study_is_registered_once(mlp: tuple[Path, str, str]) -> None:
+    """nplm-report --register's step: the study's best MLP becomes version 1 of nplm-<experiment>-<study>, tagged;
+    registering again adds no version while the best is the same Model."""
+    _, uri, run_id = mlp
+    client = MlflowClient(uri)
+    client.set_tag(run_id, "study", "probe")
+    assert register_best(uri, "brown", "probe") == "nplm-brown-probe/1"
+    assert register_best(uri, "brown", "probe") == "nplm-brown-probe/1"
+    (version,) = client.search_model_versions("name = 'nplm-brown-probe'")
+    assert version.run_id == run_id and version.source == f"models:/{model_of(client, run_id)}"
+    assert version.tags["row"] == "MLP5" and float(version.tags["valid_ppl"]) == pytest.approx(
+        client.get_run(run_id).data.metrics["valid_ppl"], rel=1e-3
+    )
+    assert register_best(uri, "brown", "no_such_study") is None
+    client.delete_tag(run_id, "study")

@@ -65,7 +65,7 @@ def register_best(uri: str, experiment: str, study: str) -> str | None:
     name = registered_name(experiment, study)
     if client.search_registered_models(f"name = '{name}'"):
         versions = client.search_model_versions(f"name = '{name}'", order_by=["version_number DESC"], max_results=1)
-        if versions and versions[0].model_id == model:
+        if versions and versions[0].source == f"models:/{model}":  # the store may not fill in model_id
             log.info("registry: %s version %s already holds run %s's Model", name, versions[0].version, source)
             return f"{name}/{versions[0].version}"
     else:
