@@ -179,12 +179,17 @@ def log_mlp_model(client: mlflow.MlflowClient, run_id: str, checkpoint: Path, co
 
 
 def model_of(client: mlflow.MlflowClient, run_id: str) -> str | None:
-    """The id of the run's READY Model, or None (a run from before runs logged one, or without weights)."""
+    """The id of the run's READY Model that holds its weights, or None (a run from before runs logged one, one
+    without weights, or a Model whose checkpoint was deleted from the artifact store)."""
     run = client.get_run(run_id)
     found = client.search_logged_models(
         experiment_ids=[run.info.experiment_id],
         filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL}'",
         max_results=1,
     )
-    ready = [m for m in found if m.status == LoggedModelStatus.READY]
-    return ready[0].model_id if ready else None
+    ready = [m.model_id for m in found if m.status == LoggedModelStatus.READY]
+    if not ready or not any(
+        f.path.endswith(".ckpt") for f in client.list_logged_model_artifacts(ready[0], "artifacts")
+    ):
+        return None
+    return ready[0]
