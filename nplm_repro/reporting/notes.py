@@ -267,6 +267,12 @@ def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence,
         + (f" over the {len(shown) - unthreaded} runs that recorded their threads" if unthreaded else "")
         + "."
     )
+    adopted = int((shown["adopted_from"] != "").sum()) if "adopted_from" in shown else 0
+    if adopted:
+        lines.append(
+            f"Adopted: {adopted} of the runs shown were trained by another study of this store (same model_key) and "
+            "adopted, not trained again (tag adopted_from); their wall time is that of the run that trained them."
+        )
     versions = shown["versions"].replace("", "not recorded").value_counts()
     lines.append("Libraries: " + "; ".join(f"{v} ({n} runs)" for v, n in versions.items()) + ".")
     short = [short_commit(c) for c in commits]

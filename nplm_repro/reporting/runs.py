@@ -149,6 +149,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "row_tag": ROW_NAMES.get(_text(get("tags.row")), _text(get("tags.row"))),
                 "study_tag": _text(get("tags.study")),
                 "base_run_id": _text(get("tags.base_run_id")),
+                "adopted_from": _text(get("tags.adopted_from")),
                 "family": family,
                 "n": config.get("model.n", ""),
                 "c": config.get("model.c", "") if family == "class_based" else "",
@@ -168,7 +169,11 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 **{f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS},
             }
         )
-    return pd.DataFrame.from_records(records)
+    frame = pd.DataFrame.from_records(records)
+    if len(frame):  # an adopted run took no time of its own: the wall time of the run that trained it
+        adopted = frame["adopted_from"] != ""
+        frame.loc[adopted, "minutes"] = frame.loc[adopted, "adopted_from"].map(frame.set_index("run_id")["minutes"])
+    return frame
 
 
 LIBRARIES = ("torch", "lightning", "mlflow", "hydra-core", "numpy")  # as tracking/records.py tags them
