@@ -170,8 +170,8 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
             }
         )
     frame = pd.DataFrame.from_records(records)
-    if len(frame):  # an adopted run took no time of its own: the wall time of the run that trained it
-        adopted = frame["adopted_from"] != ""
+    adopted = frame["adopted_from"] != "" if len(frame) else pd.Series(dtype=bool)
+    if adopted.any():  # an adopted run took no time of its own: the wall time of the run that trained it
         frame.loc[adopted, "minutes"] = frame.loc[adopted, "adopted_from"].map(frame.set_index("run_id")["minutes"])
     return frame
 
