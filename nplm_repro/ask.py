@@ -21,9 +21,8 @@ from nplm_repro.errors import NplmError
 from nplm_repro.models.use import continue_ids, nearest
 from nplm_repro.tracking import features as tracked
 from nplm_repro.tracking.features import log_features
-from nplm_repro.tracking.locks import sqlite_file
 from nplm_repro.tracking.scoring import RunScorer, find_row
-from nplm_repro.tracking.store import check_store
+from nplm_repro.tracking.store import existing_store
 
 
 def _arguments() -> argparse.Namespace:
@@ -98,10 +97,7 @@ def features(scorer: RunScorer, log: bool) -> str:
 def _main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     args = _arguments()
-    path = sqlite_file(args.tracking_uri)
-    if path is not None and not path.is_file():
-        raise NplmError(f"no tracking store at {path}: pass --tracking-uri")
-    check_store(args.tracking_uri, create=False)
+    existing_store(args.tracking_uri)
     run_id = args.run_id or find_row(args.tracking_uri, args.experiment, args.study, args.row, args.run_seed)
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
     if scorer.kind != "mlp":

@@ -24,9 +24,8 @@ from nplm_repro.cli import TRACEBACK, cli, store_arguments
 from nplm_repro.errors import NplmError
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.locks import sqlite_file
 from nplm_repro.tracking.scoring import RunScorer, Tokens, find_row
-from nplm_repro.tracking.store import check_store
+from nplm_repro.tracking.store import existing_store
 
 TOLERANCE = 1e-6  # relative: kept scores must give the run's logged perplexity
 
@@ -103,10 +102,7 @@ def backfill(scorer: RunScorer) -> str:
 def _main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # its device and tip lines, at every Trainer
     args = _arguments()
-    path = sqlite_file(args.tracking_uri)
-    if path is not None and not path.is_file():
-        raise NplmError(f"no tracking store at {path}: pass --tracking-uri")
-    check_store(args.tracking_uri, create=False)
+    existing_store(args.tracking_uri)
     run_id = args.run_id or find_row(args.tracking_uri, args.experiment, args.study, args.row, args.seed)
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
     if args.log:

@@ -56,23 +56,34 @@ class Done:
     stderr: str
 
 
-@pytest.fixture
-def score(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
-    """`nplm-score` in this process (its import costs seconds): its exit code, stdout and stderr."""
+def in_process(
+    main: Callable[[], None], name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> Callable[..., Done]:
+    """A console script run in this process (its import costs seconds): its exit code, stdout and stderr."""
 
     def run(workdir: Path, *args: str) -> Done:
         monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # restored after the test: the CLI wrapper sets it
         monkeypatch.chdir(workdir)
-        monkeypatch.setattr(sys, "argv", ["nplm-score", *args])
+        monkeypatch.setattr(sys, "argv", [name, *args])
         code = 0
         try:
-            nplm_score.main()
+            main()
         except SystemExit as exit_:
             code = exit_.code
         out = capsys.readouterr()
         return Done(code, out.out, out.err)
 
     return run
+
+
+@pytest.fixture
+def score(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
+    return in_process(nplm_score.main, "nplm-score", monkeypatch, capsys)
+
+
+@pytest.fixture
+def ask(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
+    return in_process(nplm_ask.main, "nplm-ask", monkeypatch, capsys)
 
 
 def scores_file(uri: str, run_id: str) -> Path:
@@ -216,25 +227,6 @@ def test_an_mlp_without_its_weights_says_so_when_scored_again(
     assert done.returncode == 2 and "has no weights, neither a Model nor checkpoints/best.ckpt" in done.stderr, (
         done.stderr
     )
-
-
-@pytest.fixture
-def ask(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
-    """`nplm-ask` in this process: its exit code, stdout and stderr."""
-
-    def run(workdir: Path, *args: str) -> Done:
-        monkeypatch.setenv("HYDRA_FULL_ERROR", "")
-        monkeypatch.chdir(workdir)
-        monkeypatch.setattr(sys, "argv", ["nplm-ask", *args])
-        code = 0
-        try:
-            nplm_ask.main()
-        except SystemExit as exit_:
-            code = exit_.code
-        out = capsys.readouterr()
-        return Done(code, out.out, out.err)
-
-    return run
 
 
 def test_generate_continues_a_prompt_the_same_for_a_seed(

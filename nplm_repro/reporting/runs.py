@@ -11,11 +11,8 @@ validation perplexity (never chosen on test); the others are listed as attempts.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-from collections.abc import Iterator
 
 import mlflow
 import numpy as np
@@ -26,7 +23,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS
 from nplm_repro.tracking.locks import sqlite_file
-from nplm_repro.tracking.store import check_store, redact
+from nplm_repro.tracking.store import check_store, redact, tracking_at
 
 # Runs from before the tag `family`: their class's name, wherever it lived then.
 FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
@@ -60,17 +57,6 @@ def _text(value: object) -> str:
     return str(value) if present(value) else ""
 
 
-@contextlib.contextmanager
-def _tracking(uri: str) -> Iterator[None]:
-    """mlflow.search_runs reads the global tracking URI (and exports it to the environment): restore both after."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(before)
-
-
 def read_runs(uri: str, experiment: str) -> pd.DataFrame:
     """Every run of the experiment (mlflow.search_runs); a missing store or experiment is an error, never created."""
     path = sqlite_file(uri)
@@ -78,7 +64,7 @@ def read_runs(uri: str, experiment: str) -> pd.DataFrame:
         raise NplmError(f"no tracking store at {path}: run nplm-train first, or pass --tracking-uri")
     check_store(uri, create=False)
     try:
-        with _tracking(uri):
+        with tracking_at(uri):
             found = mlflow.get_experiment_by_name(experiment)
             names = sorted(e.name for e in mlflow.search_experiments()) if found is None else []
             runs = mlflow.search_runs([found.experiment_id]) if found is not None else pd.DataFrame()

@@ -19,7 +19,8 @@ from mlflow.entities import Run
 
 from nplm_repro.tracking.kept import download
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer
-from nplm_repro.tracking.served import log_mlp_model, model_of, tracking_at
+from nplm_repro.tracking.served import log_mlp_model, model_of
+from nplm_repro.tracking.store import tracking_at
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from nplm_repro.models.training import score_splits
 from nplm_repro.scores import KEPT_SPLITS, Scores
 from nplm_repro.tracking.kept import artifacts, download, kept_scores
 from nplm_repro.tracking.keys import is_neural
-from nplm_repro.tracking.served import model_of, tracking_at
-from nplm_repro.tracking.store import redact, store_error
+from nplm_repro.tracking.served import model_of
+from nplm_repro.tracking.store import redact, store_error, tracking_at
 
 CHECKPOINT = "checkpoints/best.ckpt"  # where runs kept their weights before they logged a Model
 

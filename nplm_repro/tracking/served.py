@@ -17,13 +17,10 @@ None, JSON's null, without one).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import json
-import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,19 +112,6 @@ class NextWords(mlflow.pyfunc.PythonModel):
                 "logprob": pd.Series(asked, dtype=object if None in asked else float),
             }
         )
-
-
-@contextlib.contextmanager
-def tracking_at(uri: str) -> Iterator[None]:
-    """MLflow's global tracking URI set to `uri` for the block, then as it was (environment variable included)."""
-    before = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(before)
-        if before is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 def requirements() -> list[str]:

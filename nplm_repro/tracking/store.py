@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
@@ -131,3 +133,24 @@ def open_store(uri: str, create: bool = True, experiment: str | None = None) -> 
             raise
         except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
             raise NplmError(f"tracking store {redact(uri)!r} is unusable: {redact(store_error(error))}") from None
+
+
+@contextlib.contextmanager
+def tracking_at(uri: str) -> Iterator[None]:
+    """MLflow's global tracking URI set to `uri` for the block, then as it was (environment variable included)."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+def existing_store(uri: str) -> None:
+    """The store a reading command names exists and answers (an SQLite file is never created here)."""
+    path = sqlite_file(uri)
+    if path is not None and not path.is_file():
+        raise NplmError(f"no tracking store at {path}: pass --tracking-uri")
+    check_store(uri, create=False)
