@@ -4,6 +4,7 @@ number in CSV, and the figures; nothing lands in the output directory unless eve
 from __future__ import annotations
 
 import html
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -85,7 +86,23 @@ def _intro(report: Report) -> tuple[str, ...]:
     code = f"Code (git commits of the runs shown): {', '.join(commits) or '?'}."
     if report.require_clean:
         code += f" --require-clean left out {report.left_out} runs of this study made from dirty work trees."
-    return (_data_line(report), code, *([DIRTY_NOTE] if report.marked.any() else []), explain)
+    return (_data_line(report), code, *_recipe_line(report), *([DIRTY_NOTE] if report.marked.any() else []), explain)
+
+
+def _recipe_line(report: Report) -> tuple[str, ...]:
+    """How the MLP rows were trained: the optim.* and trainer.precision values they all share (what differs between
+    rows is in the table's columns); evaluation is always the exact softmax."""
+    trained = report.table[(report.table["family"] == "mlp") & (report.table["status"] == "finished")]
+    configs = [json.loads(c) for c in trained.get("config", [])]
+    if not configs:
+        return ()
+    keys = sorted(k for k in configs[0] if k.startswith(("optim.", "trainer.precision")))
+    shared = [f"{k}={configs[0][k]}" for k in keys if all(c.get(k) == configs[0][k] for c in configs)]
+    line = (
+        f"Training recipe of the MLP rows (what they share): {', '.join(shared)}. Every perplexity is the exact "
+        "softmax over every token of its split, whatever the training used."
+    )
+    return (line,)
 
 
 def _runs_list(runs: pd.DataFrame) -> list[str]:
