@@ -3,8 +3,10 @@ takes two values or more, ours filled beside the paper's hollow."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -135,23 +137,40 @@ def _sort_values(values: list[str]) -> list[str]:
 
 
 def valid_by_epoch(report: Report, path: Path) -> bool:
-    """Validation perplexity per epoch, one line per seed of every trained MLP row; False when there is none."""
+    """Validation perplexity per epoch of every trained MLP row: a thin line per seed with its best epoch (the
+    checkpoint reported) marked, the seeds' mean in bold, one colour per row, the legend beside the axes; False when
+    there is none."""
     curves = {row: seeds for row, seeds in report.history.items() if any(values for _, values in seeds)}
     if not curves:
         return False
-    figure = Figure(figsize=(7, 4.5))
+    names = dict(zip(curves, short_labels(list(curves))))
+    figure = Figure(figsize=(8, 4.5))
     ax = figure.add_subplot()
     for colour, (row, seeds) in enumerate(curves.items()):
-        for i, (_, values) in enumerate(seeds):
-            epochs = range(1, len(values) + 1)
-            ax.plot(epochs, values, marker="o", color=f"C{colour % 10}", label=row if i == 0 else None)
+        colour = f"C{colour % 10}"
+        for _, values in seeds:
+            epochs = np.arange(1, len(values) + 1)
+            ax.plot(epochs, values, color=colour, linewidth=0.8, alpha=0.45)
+            best = int(np.argmin(values))
+            ax.plot(epochs[best], values[best], marker="v", color=colour, markersize=5, alpha=0.8)
+        shortest = min(len(values) for _, values in seeds)
+        mean = np.mean([values[:shortest] for _, values in seeds], axis=0)
+        ax.plot(np.arange(1, shortest + 1), mean, color=colour, linewidth=2.2, label=f"{names[row]} ({len(seeds)})")
     for row, valid in (report.recipe.paper_valid if report.recipe else {}).items():  # brown_recipe's targets
         ax.axhline(valid, color="grey", linestyle="--", linewidth=0.8)
         ax.annotate(
             f"{row}, paper's valid {valid:g}", (1, valid), fontsize=7, xytext=(2, 2), textcoords="offset points"
         )
-    ax.set(xlabel="epoch", ylabel="validation perplexity", title=f"{report.study}: validation perplexity per epoch")
-    ax.legend(fontsize="small")
+    configs = [json.loads(c) for c in report.table.get("config", [])]
+    quarter = any(c.get("trainer.limit_val_batches") not in (None, "1.0", "1") for c in configs)
+    on = " (sampled runs: on the first quarter of validation)" if quarter else ""
+    ax.set(xlabel="epoch", ylabel="validation perplexity")
+    ax.set_title(
+        f"{report.study}: validation perplexity per epoch{on}\nthin: one seed (v: its best epoch, the checkpoint "
+        "reported); bold: the seeds' mean",
+        fontsize=9,
+    )
+    ax.legend(fontsize="small", title="row (seeds)", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     ax.grid(alpha=0.3)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     return True
