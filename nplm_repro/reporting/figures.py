@@ -161,7 +161,7 @@ def valid_by_epoch(report: Report, path: Path) -> bool:
         ax.annotate(
             f"{row}, paper's valid {valid:g}", (1, valid), fontsize=7, xytext=(2, 2), textcoords="offset points"
         )
-    configs = [json.loads(c) for c in report.table.get("config", [])]
+    configs = [json.loads(c) for c in report.table.get("config", []) if isinstance(c, str)]  # missing rows: none
     quarter = any(c.get("trainer.limit_val_batches") not in (None, "1.0", "1") for c in configs)
     on = " (sampled runs: on the first quarter of validation)" if quarter else ""
     ax.set(xlabel="epoch", ylabel="validation perplexity")
