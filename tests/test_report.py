@@ -846,3 +846,20 @@ def test_a_configuration_the_paper_did_not_run_is_named_after_its_row_without_th
     shown = table.set_index("model.features")
     assert shown.loc["learned", "paper_test_ppl"] == 279 and np.isnan(shown.loc["fixed_lsi", "paper_test_ppl"])
     assert list(shown["label"]) == ["MLP5 model.features=fixed_lsi", "MLP5 model.features=learned"]
+
+
+def test_a_knob_figure_only_compares_rows_that_differ_in_that_knob_alone(tmp_path: Path) -> None:
+    """MLP5 and MLP9 differ in h and direct: no figure against direct; Kneser-Ney n=3 and n=4 differ in n alone."""
+    from nplm_repro.reporting.figures import against_knob
+
+    rows = [
+        {"family": "mlp", "n": "5", "c": "", "h": "50", "m": "30", "direct": "yes", "mix": "no"},
+        {"family": "mlp", "n": "5", "c": "", "h": "100", "m": "30", "direct": "no", "mix": "no"},
+        {"family": "kneser_ney", "n": "3", "c": "", "h": "", "m": "", "direct": "", "mix": ""},
+        {"family": "kneser_ney", "n": "4", "c": "", "h": "", "m": "", "direct": "", "mix": ""},
+    ]
+    table = pd.DataFrame(rows).assign(status="finished", test_ppl=[250.0, 240.0, 320.0, 321.0], paper_test_ppl=np.nan)
+    report = type("R", (), {"study": "s", "table": table, "extra": []})()
+    assert not against_knob(report, "direct", tmp_path / "direct.png") and not (tmp_path / "direct.png").exists()
+    assert not against_knob(report, "h", tmp_path / "h.png")
+    assert against_knob(report, "n", tmp_path / "n.png") and (tmp_path / "n.png").stat().st_size > 0

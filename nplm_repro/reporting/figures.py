@@ -177,28 +177,38 @@ def valid_by_epoch(report: Report, path: Path) -> bool:
 
 
 def against_knob(report: Report, knob: str, path: Path) -> bool:
-    """Valid and test perplexity of every finished row against one knob (ours filled, the paper's hollow)."""
+    """Test perplexity against one knob, like with like: one line per group of finished rows that differ in this
+    knob alone (the family and every other knob equal), ours filled, the paper's hollow; False when no two rows
+    differ in this knob alone (a figure of rows that differ in several knobs would answer no question)."""
     rows = report.table[(report.table["status"] == "finished") & (report.table[knob].astype(str) != "")]
-    values = _sort_values(sorted(set(rows[knob].astype(str))))
-    if len(values) < 2:
+    others = [k for k in ("family", *COLUMNS, *report.extra) if k != knob]
+    groups = [g for _, g in rows.groupby([rows[k].astype(str) for k in others], sort=False) if g[knob].nunique() > 1]
+    if not groups:
         return False
+    values = _sort_values(sorted({str(v) for g in groups for v in g[knob]}))
     position = {v: i for i, v in enumerate(values)}
-    figure = Figure(figsize=(10, 4.2))
-    axes = figure.subplots(1, 2, sharey=True)
-    families = list(dict.fromkeys(rows["family"]))
-    for ax, split in zip(axes, ("valid", "test")):
-        for colour, family in enumerate(families):
-            mine = rows[rows["family"] == family]
-            x = mine[knob].astype(str).map(position)
-            ax.scatter(x, mine[f"{split}_ppl"], color=f"C{colour}", label=f"{FAMILY_NAMES.get(family, family)}")
-            ax.scatter(x, mine[f"paper_{split}_ppl"], facecolors="none", edgecolors=f"C{colour}")
-            for xi, y, text in zip(x, mine[f"{split}_ppl"], mine["label"]):
-                ax.annotate(text, (xi, y), fontsize=6, xytext=(4, 2), textcoords="offset points")
-        ax.set(xticks=range(len(values)), xticklabels=values, xlabel=knob, title=f"{split} perplexity")
-        ax.margins(x=0.3)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("perplexity (filled: ours, hollow: paper)")
-    axes[0].legend(fontsize="small")
-    figure.suptitle(f"{report.study}: perplexity against {knob}")
+    figure = Figure(figsize=(8, 4.5))
+    ax = figure.add_subplot()
+    names = short_labels([" ".join(_group_name(g, others)) for g in groups])
+    for colour, (group, name) in enumerate(zip(groups, names)):
+        group = group.assign(_x=group[knob].astype(str).map(position)).sort_values("_x")
+        colour = f"C{colour % 10}"
+        ax.plot(group["_x"], group["test_ppl"], marker="o", color=colour, label=name)
+        ax.scatter(group["_x"], group["paper_test_ppl"], facecolors="none", edgecolors=colour)
+    ax.set(xticks=range(len(values)), xticklabels=values, xlabel=knob, ylabel="test perplexity")
+    ax.set_title(
+        f"{report.study}: test perplexity against {knob}, other knobs held (filled: ours, hollow: paper)", fontsize=9
+    )
+    ax.margins(x=0.2)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.savefig(path, dpi=110, bbox_inches="tight")
     return True
+
+
+def _group_name(group: pd.DataFrame, others: list[str]) -> list[str]:
+    """What a group's rows share: the family's name and the other knobs that have a value."""
+    first = group.iloc[0]
+    return [FAMILY_NAMES.get(first["family"], first["family"])] + [
+        f"{k}={first[k]}" for k in others if k != "family" and str(first[k]) != ""
+    ]
