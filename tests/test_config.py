@@ -78,29 +78,33 @@ def test_h0_without_direct_is_refused() -> None:
         check_config(composed("model.h=0", "model.direct=false"))
 
 
+# Each case starts nplm-train (about 6 s): two in the default suite, the others with the slow tests.
+BAD_CONFIGS = [
+    ("model.size=3", "Could not override 'model.size'"),
+    ("model.h=0", "model.h=0 needs model.direct=true"),
+    ("model.n=1", "model.n=1 is invalid"),
+    ("experiment=mlp99", "Could not find 'experiment/mlp99'"),
+    ("+experiment=mlp5", "write experiment=<row>, without the +"),  # the form before experiment: null
+    ("seed=-1", "seed=-1 is invalid: expected an integer from 0 to 4294967295"),  # numpy's bounds
+    ("seed=4294967296", "seed=4294967296 is invalid: expected an integer from 0 to 4294967295"),
+    (
+        "optim.batch_size=100000000",
+        "optim.batch_size=100000000 is larger than the training split (data.split.train=800000)",
+    ),
+    (
+        "note=costs ${oops}",
+        (
+            r"note='costs ${oops}' cannot be resolved: Interpolation key 'oops' not found; "
+            r"a literal ${ is written \${: 'note=costs \${oops}'"
+        ),
+    ),
+    ("hydra.run.dir=/proc/nope", "hydra.run.dir=/proc/nope: cannot create this directory (No such file or"),
+]
+
+
 @pytest.mark.parametrize(
     "override,message",
-    [
-        ("model.size=3", "Could not override 'model.size'"),
-        ("model.h=0", "model.h=0 needs model.direct=true"),
-        ("model.n=1", "model.n=1 is invalid"),
-        ("experiment=mlp99", "Could not find 'experiment/mlp99'"),
-        ("+experiment=mlp5", "write experiment=<row>, without the +"),  # the form before experiment: null
-        ("seed=-1", "seed=-1 is invalid: expected an integer from 0 to 4294967295"),  # numpy's bounds
-        ("seed=4294967296", "seed=4294967296 is invalid: expected an integer from 0 to 4294967295"),
-        (
-            "optim.batch_size=100000000",
-            "optim.batch_size=100000000 is larger than the training split (data.split.train=800000)",
-        ),
-        (
-            "note=costs ${oops}",
-            (
-                r"note='costs ${oops}' cannot be resolved: Interpolation key 'oops' not found; "
-                r"a literal ${ is written \${: 'note=costs \${oops}'"
-            ),
-        ),
-        ("hydra.run.dir=/proc/nope", "hydra.run.dir=/proc/nope: cannot create this directory (No such file or"),
-    ],
+    [*BAD_CONFIGS[:2], *(pytest.param(*case, marks=pytest.mark.slow) for case in BAD_CONFIGS[2:])],
 )
 def test_cli_bad_config_is_one_line_and_nonzero_exit(override: str, message: str, tmp_path: Path) -> None:
     extra = ["model.direct=false"] if override == "model.h=0" else []

@@ -137,6 +137,7 @@ def test_a_package_installed_inside_a_checkout_is_its_version_not_the_checkouts_
     assert code_state(package) == (f"nplm-repro {version} (installed from {project.as_uri()})", "")
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_a_run_from_a_dirty_tree_keeps_its_diff(brown_path: Path, tmp_path: Path) -> None:
     project = tmp_path / "checkout"
     commit = checkout(project)

@@ -222,6 +222,7 @@ def test_diverging_job_fails_with_its_error_and_the_sweep_completes(brown_path: 
     assert f"run {failed.info.run_name}, {failed.info.run_id[:8]}, seed 1): FAILED" in written
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_unexpected_error_is_one_line_and_a_failed_run_with_its_traceback(brown_path: Path, tmp_path: Path) -> None:
     """A typo in an extra Trainer argument is a TypeError inside the run, not a bad value check_config knows."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"

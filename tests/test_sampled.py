@@ -101,6 +101,7 @@ def test_sampled_config_is_checked_and_keyed_apart_from_exact() -> None:
             check_config(composed("optim=sampled", override))
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_sampled_run_is_scored_exactly_on_every_token(brown_path: Path, tmp_path: Path) -> None:
     """A sampled MLP9 into a real SQLite store: it records what it used, and its perplexities are the exact
     softmax over every token of each split (early stopping watched a quarter of validation)."""

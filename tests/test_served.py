@@ -56,6 +56,7 @@ def exact(uri: str, run_id: str, words: list[str]) -> torch.Tensor:
         return scorer.mlp()(context)[0].double()
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_a_fresh_process_loads_the_runs_model_by_uri_and_gets_the_exact_softmax(mlp: tuple[Path, str, str]) -> None:
     workdir, uri, run_id = mlp
     assert model_of(MlflowClient(uri), run_id) is not None

@@ -206,9 +206,15 @@ def test_bench_trains_across_epochs_until_its_rounds_are_done(tiny_brown_path: P
     assert [(line["what"], line["repeats"]) for line in lines] == [("train 32-true", 2), ("train sampled", 2)]
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # each starts nplm-bench (about 6 s): one in the default suite, the others slow
     "override",
-    ["bench.what=[]", "bench.what=[speed]", "bench.min_seconds=0", "bench.repeats=0", "bench.precisions=[16-mixed]"],
+    [
+        "bench.what=[]",
+        *(
+            pytest.param(o, marks=pytest.mark.slow)
+            for o in ("bench.what=[speed]", "bench.min_seconds=0", "bench.repeats=0", "bench.precisions=[16-mixed]")
+        ),
+    ],
 )
 def test_bench_bad_value_is_one_line_and_exit_2(override: str, tmp_path: Path) -> None:
     result = run_script("nplm-bench", override, f"hydra.run.dir={tmp_path}/out", cwd=tmp_path)

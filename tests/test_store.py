@@ -146,6 +146,7 @@ def test_a_store_whose_table_exists_only_as_its_copy_is_refused_unchanged(tmp_pa
     assert path.read_bytes() == before
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_a_store_in_a_folder_that_does_not_exist_is_refused_and_the_folder_not_made(
     tiny_brown_path: Path, tmp_path: Path
 ) -> None:

@@ -25,7 +25,9 @@ def runs_of(tmp_path: Path) -> pd.DataFrame:
     return mlflow.search_runs(experiment_names=["brown"])
 
 
-@pytest.mark.parametrize("report", ["a_file", "a_file/reports", "/proc/forbidden"])
+@pytest.mark.parametrize(  # each starts a sweep (about 6 s): one in the default suite, the others slow
+    "report", ["a_file", *(pytest.param(r, marks=pytest.mark.slow) for r in ("a_file/reports", "/proc/forbidden"))]
+)
 def test_a_report_directory_that_cannot_be_written_stops_the_sweep_before_anything_is_written(
     report: str, tiny_brown_path: Path, tmp_path: Path
 ) -> None:
@@ -55,6 +57,7 @@ def test_a_key_that_some_jobs_refuse_stops_the_sweep_naming_them(tiny_brown_path
     assert not (tmp_path / "m.db").exists()
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_a_sweep_whose_report_cannot_be_written_at_its_end_fails(tiny_brown_path: Path, tmp_path: Path) -> None:
     """The report's directory passes the check when the sweep starts, and is a file when it ends: the job's own
     log file, train.log, written there meanwhile. The command fails with one line naming the cause, the parent

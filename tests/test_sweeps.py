@@ -316,6 +316,7 @@ def test_default_sqlite_store_loses_nothing_with_parallel_jobs(brown_path: Path,
     assert report.running.empty and report.failed.empty
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(tiny_brown_path: Path, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = ["-m", "study=brown_table1"]
@@ -336,6 +337,7 @@ def test_bad_value_in_a_sweep_is_one_line_and_fails_the_parent(tiny_brown_path: 
 TINY_SLICE = data_slice(5_000, 1_000, 1_000)  # of tests/data/tiny_brown.zip's 10,973 tokens
 
 
+@pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_an_error_of_a_job_exits_as_in_a_single_run(tiny_brown_path: Path, tmp_path: Path) -> None:
     """Hydra's InstantiationException from a job (here a model given a keyword it does not take) is unexpected:
     exit 1 with its type in a single run, and it was exit 2 without it in a sweep. One rule for both."""

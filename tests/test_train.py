@@ -208,6 +208,10 @@ def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
     assert not [a for a in client.list_artifacts(adopted.info.run_id) if a.path == "checkpoints"]  # weights not copied
     weights = [RunScorer(copy, r.info.run_id).mlp().model.C for r in (first, adopted)]  # nplm-score, nplm-ask
     assert torch.equal(*weights)
+    third = ["-m", "study=brown_features", *mlp3_args(brown_path, copy), "model.features=learned", "report=null"]
+    assert run_script("nplm-train", *third, cwd=tmp_path).returncode == 0
+    (again,) = client.search_runs([first.info.experiment_id], "tags.study = 'brown_features' and tags.row = 'MLP3'")
+    assert again.data.tags["adopted_from"] == first.info.run_id  # the run that trained it, not the adopted one
     result = run_script("nplm-train", *args, "rerun=true", cwd=tmp_path)
     assert result.returncode == 0 and "adopted: run" not in result.stdout + result.stderr, result.stderr[-3000:]
 

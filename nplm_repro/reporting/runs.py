@@ -158,7 +158,17 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
     frame = pd.DataFrame.from_records(records)
     adopted = frame["adopted_from"] != "" if len(frame) else pd.Series(dtype=bool)
     if adopted.any():  # an adopted run took no time of its own: the wall time of the run that trained it
-        frame.loc[adopted, "minutes"] = frame.loc[adopted, "adopted_from"].map(frame.set_index("run_id")["minutes"])
+        source = dict(zip(frame["run_id"], frame["adopted_from"]))
+        minutes = dict(zip(frame["run_id"], frame["minutes"]))
+
+        def trained_by(run_id: str) -> str:
+            seen = set()
+            while source.get(run_id) and run_id not in seen:  # a run adopted from a run that was itself adopted
+                seen.add(run_id)
+                run_id = source[run_id]
+            return run_id
+
+        frame.loc[adopted, "minutes"] = [minutes.get(trained_by(r), np.nan) for r in frame.loc[adopted, "run_id"]]
     return frame
 
 

@@ -192,6 +192,9 @@ def adopt(cfg: DictConfig, corpus: Corpus, key: str, trained: str) -> tuple[str,
     their per-epoch histories), its kept scores and its tags of where it computed, and the tag `adopted_from`."""
     client = mlflow.MlflowClient(cfg.tracking.uri)
     source = client.get_run(trained)
+    if "adopted_from" in source.data.tags:  # adopted itself: adopt the run that trained it
+        trained = source.data.tags["adopted_from"]
+        source = client.get_run(trained)
     log.info("adopted: run %s (study %s) trained this MLP already", trained, source.data.tags.get("study", "none"))
     scores = base_scores(cfg.tracking.uri, trained, corpus)
     computed = {k: v for k, v in source.data.tags.items() if k in COMPUTED_TAGS or k.startswith(COMPUTED_PREFIXES)}
