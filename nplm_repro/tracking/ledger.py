@@ -21,7 +21,7 @@ import mlflow
 import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import MLFlowLogger
-from mlflow.entities import Run
+from mlflow.entities import Run, RunTag
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.baselines.mixture import mix_with_trigram
@@ -200,8 +200,7 @@ def adopt(cfg: DictConfig, corpus: Corpus, key: str, trained: str) -> tuple[str,
     computed = {k: v for k, v in source.data.tags.items() if k in COMPUTED_TAGS or k.startswith(COMPUTED_PREFIXES)}
     logger = open_run(cfg, corpus, config_key=key, adopted_from=trained)
     try:
-        for name, value in computed.items():
-            client.set_tag(logger.run_id, name, value)
+        client.log_batch(logger.run_id, tags=[RunTag(name, value) for name, value in computed.items()])
         # its results, not MLflow's system metrics: those of the training are on the trained run
         names = [name for name in source.data.metrics if not name.startswith("system/")]
         history = [m for name in names for m in client.get_metric_history(trained, name)]
