@@ -106,7 +106,8 @@ GPU_EPOCH=$!
 
 # 2. the CUDA tests (they run their own GPU and CPU trainings on a slice of Brown)
 TESTS=(tests/test_speed.py::test_gpu_training_steps_never_wait_for_the_device
-    tests/test_speed.py::test_nplm_train_on_gpu_scores_as_on_cpu)
+    tests/test_speed.py::test_nplm_train_on_gpu_scores_as_on_cpu
+    tests/test_speed.py::test_bf16_training_on_gpu_reaches_the_float32_perplexity)
 timeout 420 "$BIN/python" -m pytest -p no:cacheprovider -rs "${TESTS[@]}" --junitxml="$LOGS/cuda_tests.xml" \
     >"$LOGS/cuda_tests.log" 2>&1 || true
 RESULT="$("$BIN/python" -c '

@@ -77,12 +77,20 @@ def one_epoch_valid_ppl(brown_path: Path, tmp_path: Path, key: str, values: list
     reason="bfloat16 is slower than float32 on this CPU (precision=auto never trains in it here)",
 )
 def test_bf16_training_reaches_the_float32_perplexity(brown_path: Path, tmp_path: Path) -> None:
-    """Same seed, same batches, one epoch of 40k Brown tokens: validation perplexity within 2%.
-
-    The 1% target is for full Brown (README, Performance); on a slice this small the two roundings alone
-    move the result by about 1% either way (measured: bf16 148.8 against float32 150.4)."""
+    """Same seed, same batches, one epoch of 40k Brown tokens on the CPU: bf16 reaches the float32 perplexity."""
     ppl = one_epoch_valid_ppl(brown_path, tmp_path, "trainer.precision", ["32-true", "bf16-mixed"])
-    assert ppl["bf16-mixed"] == pytest.approx(ppl["32-true"], rel=0.02)
+    assert_bf16_reaches_float32(ppl)
+
+
+def assert_bf16_reaches_float32(ppl: dict[str, float]) -> None:
+    """bf16 no more than 2% worse than float32 after the slice's epoch, and no more than 5% better.
+
+    The 1% target is for full Brown (README, Performance). On this slice the rounding of each device's bfloat16
+    kernels moves the result, mostly down: valid perplexity bf16 against float32, 170.1 / 173.5 (-1.9%) on an AMD
+    EPYC with AVX-512 BF16, 167.1 / 173.3 (-3.6%) on the CPU of an H200 machine, 173.5 / 173.3 (+0.1%) on the
+    H200. Better by more than 5% would mean bf16 trains something else."""
+    assert ppl["bf16-mixed"] <= ppl["32-true"] * 1.02
+    assert ppl["bf16-mixed"] >= ppl["32-true"] * 0.95
     assert ppl["32-true"] < 2000  # it learned something: |V| is 17,907
 
 
@@ -248,10 +256,17 @@ def test_gpu_training_steps_never_wait_for_the_device(brown: Corpus) -> None:
 
 
 @cuda
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_nplm_train_on_gpu_scores_as_on_cpu(precision: str, brown_path: Path, tmp_path: Path) -> None:
-    """The same command on the GPU (accelerator auto picks it) and on the CPU: the same perplexities within 1%."""
-    ppl = one_epoch_valid_ppl(
-        brown_path, tmp_path, "trainer.accelerator", ["auto", "cpu"], f"trainer.precision={precision}"
-    )
+def test_nplm_train_on_gpu_scores_as_on_cpu(brown_path: Path, tmp_path: Path) -> None:
+    """The same command in float32 on the GPU (accelerator auto picks it) and on the CPU: the same perplexity
+    within 1% (measured on an H200: 173.32 against 173.33). In bf16 each device rounds in its own kernels, so
+    bf16 is compared with float32 on the same device (the next test), not across devices."""
+    ppl = one_epoch_valid_ppl(brown_path, tmp_path, "trainer.accelerator", ["auto", "cpu"], "trainer.precision=32-true")
     assert ppl["auto"] == pytest.approx(ppl["cpu"], rel=0.01)
+
+
+@cuda
+def test_bf16_training_on_gpu_reaches_the_float32_perplexity(brown_path: Path, tmp_path: Path) -> None:
+    ppl = one_epoch_valid_ppl(
+        brown_path, tmp_path, "trainer.precision", ["32-true", "bf16-mixed"], "trainer.accelerator=gpu"
+    )
+    assert_bf16_reaches_float32(ppl)
