@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import logging
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
@@ -118,6 +120,40 @@ def study_form(argv: list[str]) -> list[str]:
 INTERRUPTED = "interrupted (any run it was recording is now KILLED; the same command resumes it)"
 
 
+# Log lines and warnings the user cannot act on, each printed on every run:
+NOISE = {
+    # Lightning's advertisement for its cloud logger
+    "lightning.pytorch.utilities.rank_zero": "💡 Tip",
+    # MLflow on how our Model is saved (tracking/served.py: a class of this package, saved with its code)
+    "mlflow.pyfunc": "Passing a Python object as `python_model`",
+}
+WARNINGS = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # torch deprecates a class Lightning still uses
+    r"Precision bf16-mixed is not supported by the model summary",  # Lightning's summary of the model's size
+)
+
+
+class _Drop(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+def quiet() -> None:
+    """Silence what the user cannot act on (`NOISE`, `WARNINGS`) in this process; a sweep's workers call it too.
+    MLflow's bar for each artifact it downloads is one too: a report reads every run's kept scores."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for message in WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    for name, start in NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in logger.filters):
+            logger.addFilter(_Drop(start))
+
+
 def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callable[[], None]:
     """Wrap a command's main function (@hydra.main's, or argparse's with `traceback_env=TRACEBACK`): a bad key or
     value (NplmError, from a job too) prints `prog: error: ...` and exits 2; any other exception prints
@@ -134,6 +170,7 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
         _traceback_env = traceback_env
         _user_wants_traceback = bool(os.environ.get(traceback_env))
         os.environ[HYDRA_TRACEBACK] = "1"
+        quiet()
         try:
             sys.argv[1:] = study_form(sys.argv[1:])
             main()
@@ -151,9 +188,7 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
 
 
 def store_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of an argparse command that reads a store (nplm-report, nplm-score): where it is, and quiet
-    artifact downloads (MLflow draws a bar for every run's kept scores otherwise)."""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    """The options of an argparse command that reads a store (nplm-report, nplm-score): where it is."""
     parser.add_argument(
         "--tracking-uri",
         default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",

@@ -1,11 +1,11 @@
 """Keep freed memory in the process instead of handing it back to the kernel after every batch.
 
 glibc gives large freed blocks back to the kernel (mmap'd blocks, and the top of the heap past a trim
-threshold), and the next allocation of the same size faults every page in again, zeroed by the kernel. A
-softmax over |V| = 17,907 words allocates blocks of 18 MiB per 256 windows: profiling the evaluation of
-MLP9 showed 2.3 million page faults and a third of the time in the kernel. Raising glibc's mmap and trim
-thresholds keeps those blocks in the heap for the next batch (validation went from about 7,300 to 21,000
-tokens/s). The cost is that the process keeps its peak memory; elsewhere than glibc this does nothing.
+threshold), and the next allocation of the same size faults every page in again, zeroed by the kernel. Scoring
+and training allocate |V|-wide blocks (a softmax over every word of the vocabulary for each window of a batch) of
+the same sizes batch after batch, so without this the time goes to page faults in the kernel, not to arithmetic.
+Raising glibc's mmap and trim thresholds keeps those blocks in the heap for the next batch. The cost is that the
+process keeps its peak memory; elsewhere than glibc this does nothing. What it changes, measured: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from nplm_repro.checks import check_job
-from nplm_repro.cli import cli, errors_exit
+from nplm_repro.cli import cli, errors_exit, quiet
 from nplm_repro.errors import sigterm_interrupts
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.tracking.ledger import run
@@ -27,6 +27,7 @@ from nplm_repro.tracking.sweep import ends_sweeps
 def _main(cfg: DictConfig) -> float:
     """One job; its validation perplexity is what a search (hparams_search=..., Optuna's sweeper) minimises."""
     keep_freed_memory()
+    quiet()  # in joblib's workers too, which run only this function
     sigterm_interrupts()  # in joblib's and submitit's workers too, which run only this function
     with errors_exit(sweep=HydraConfig.get().mode == RunMode.MULTIRUN):
         check_job(cfg)

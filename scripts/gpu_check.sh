@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, for the day a GPU is lent: no GPU has run this code yet, though README.md documents GPU training.
+# The GPU check, for a machine with an NVIDIA GPU (docs/scaling.md has its last results).
 # On a machine with an NVIDIA GPU and only this repository (plus Brown at $NPLM_SHARED/data/brown.zip, default
 # ../shared/data/brown.zip beside it), in under 8 minutes:
 #   1. install: a venv (.cache/gpu_check/venv, kept for the next run) with a torch that sees the GPU, and the project;

@@ -72,6 +72,13 @@ def run_script(
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
+def sweep_output(result: subprocess.CompletedProcess, workdir: Path) -> str:
+    """What a sweep run in `workdir` said: its own output, then its jobs' (joblib's jobs write to their output.log)."""
+    newest = max(workdir.glob("multirun/*/*"), default=None)
+    jobs = sorted(newest.glob("*/output.log")) if newest else []
+    return result.stdout + result.stderr + "".join(p.read_text() for p in jobs)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, for a server a test starts."""
     with socket.socket() as s:

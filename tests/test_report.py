@@ -98,7 +98,8 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     figures = {f"{study}_valid_by_epoch.png", f"{study}_n.png", f"{study}_mix.png"}  # h, m, direct, c: one value
     # the rows with intervals, the best MLP's map, the claims' forest plot
     figures |= {f"{study}_test.png", f"{study}_features_map.png", f"{study}_claims.png"}
-    files = {f"{study}.{ext}" for ext in ("md", "tex", "csv", "html")} | figures
+    svgs = {f.removesuffix(".png") + ".svg" for f in figures - {f"{study}_features_map.png"}}  # beside each drawn PNG
+    files = {f"{study}.{ext}" for ext in ("md", "tex", "csv", "html")} | figures | svgs
     assert {p.name for p in out.iterdir()} == files
     assert sorted(capsys.readouterr().out.split()) == sorted(str(out / f) for f in files)
     assert all((out / f).read_bytes().startswith(b"\x89PNG") for f in figures)

@@ -32,10 +32,13 @@ ROWS = "experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the tr
 
 
 def nplm_sweep(workdir: Path, study: str, *overrides: str, env: dict[str, str] | None = None) -> str:
-    """The documented command, run as a user runs it; returns its output (stdout and stderr)."""
+    """The documented command, run as a user runs it; returns its output (stdout and stderr) and, after it, what its
+    jobs wrote to their own logs (joblib's jobs write there, not to the terminal)."""
+    before = set(workdir.glob("multirun/*/*"))
     result = run_script("nplm-train", "-m", f"study={study}", *overrides, cwd=workdir, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result.stdout + result.stderr
+    new = sorted(set(workdir.glob("multirun/*/*")) - before)
+    return result.stdout + result.stderr + "".join(p.read_text() for d in new for p in sorted(d.glob("*/output.log")))
 
 
 def runs_of(uri: str) -> pd.DataFrame:
@@ -79,8 +82,46 @@ def table(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     workdir = tmp_path_factory.mktemp("sweep")
     uri = f"sqlite:///{workdir}/mlflow.db"
     overrides = [ROWS, f"data.path={brown_path}", *SLICE_5K, *TINY_MLP, f"tracking.uri={uri}"]
-    nplm_sweep(workdir, "brown_table1", *overrides)
+    result = run_script("nplm-train", "-m", "study=brown_table1", *overrides, cwd=workdir, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (workdir / "terminal.txt").write_text(result.stdout + result.stderr)  # what the user saw
     return workdir, uri, overrides
+
+
+@pytest.mark.slow
+def test_parallel_jobs_print_to_their_own_logs_and_the_sweep_draws_one_progress_display(
+    table: tuple[Path, str, list[str]],
+) -> None:
+    """No job's progress bar reaches the terminal (two jobs' bars overwrote each other on one line); the sweep's
+    lines count the jobs, and each job's whole output is in output.log in its directory."""
+    workdir, _, _ = table
+    terminal = (workdir / "terminal.txt").read_text()
+    assert "Epoch" not in terminal and "it/s" not in terminal
+    progress = [line for line in terminal.splitlines() if line.startswith("brown_table1: ")]
+    assert progress[-1].startswith("brown_table1: 4/4 done, 0 running, 0 failed | ")
+    assert len(progress) <= 9  # not a terminal: a line when a job starts or ends, not a redraw per second
+    assert "sweep: its runs in MLflow's dashboard: mlflow ui --backend-store-uri sqlite:///" in terminal
+    (sweep,) = sorted(workdir.glob("multirun/*/*"))[:1]
+    logs = {p.parent.name: p.read_text() for p in sweep.glob("*/output.log")}
+    assert len(logs) == 4 and all("perplexity of every token, exact softmax" in log for log in logs.values())
+    assert sum("Epoch 0" in log for log in logs.values()) == 1  # the MLP3 job's bar, in its own log
+
+
+@pytest.mark.slow  # about 15 s
+def test_a_failed_parallel_job_says_why_and_where_its_output_is(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """The n-gram job succeeds; the MLP's batch is larger than its training split, an error raised in its job."""
+    overrides = ["hydra/launcher=parallel", "experiment=kn3,mlp3", f"data.path={tiny_brown_path}", *TINY_SLICE]
+    overrides += ["optim.batch_size=6000", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
+    result = run_script("nplm-train", "-m", *overrides, cwd=tmp_path)
+    assert result.returncode == 2
+    why = "optim.batch_size=6000 is larger than the training split (data.split.train=5000): a batch is drawn from it"
+    (log,) = tmp_path.glob("multirun/*/*/1/output.log")
+    assert f"job 1 (MLP3) failed: {why}; its output: {log}" in result.stderr.splitlines()
+    assert why in log.read_text()
+    assert result.stderr.strip().splitlines()[-1] == f"nplm-train: error: {why}"
+    assert [line for line in result.stderr.splitlines() if line.startswith("sweep: ")][-1].startswith(
+        "sweep: 1/2 done, 0 running, 1 failed"
+    )
 
 
 @pytest.mark.slow
@@ -456,3 +497,22 @@ def test_brown_recipe_runs_its_steps_and_its_report_orders_them(brown_path: Path
     assert re.search(drop, report), report
     assert re.search(r"\| 1\. batch 256 +\| .+ \| not run +\|", report), report
     assert "MLP5, optim=paper: valid" in report and "brown_recipe_valid_by_epoch.png" in report
+
+
+@pytest.mark.slow  # about 40 s
+def test_the_quickstart_ends_in_its_report_with_the_claims_it_checks(brown_path: Path, tmp_path: Path) -> None:
+    """README's first command, on a slice of Brown and one epoch: its four rows, then reports/quickstart.md beside
+    the paper's numbers, every claim judged (holds, fails or inconclusive: never "not measured")."""
+    overrides = [
+        f"data.path={brown_path}",
+        *SLICE_5K,
+        "trainer.max_epochs=1",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+    ]
+    output = nplm_sweep(tmp_path, "quickstart", *overrides)
+    assert "report: reports/quickstart.md" in output and "mlflow ui --backend-store-uri" in output
+    report = (tmp_path / "reports" / "quickstart.md").read_text()
+    for row in ("MLP9", "MLP10", "Del. Int.", "Kneser-Ney back-off"):
+        assert re.search(rf"^\| {re.escape(row)}( \(\+dirty\))? +\|", report, re.MULTILINE), row
+    claims = re.findall(r"^- \*\*(.+)\*\*: (\w+)", report, re.MULTILINE)
+    assert len(claims) == 3 and all(verdict in ("holds", "fails", "inconclusive") for _, verdict in claims), claims

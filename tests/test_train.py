@@ -9,7 +9,7 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from helpers import SLICE, composed, run_script
+from helpers import SLICE, composed, run_script, sweep_output
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.data.brown import prepare_brown
@@ -55,7 +55,31 @@ def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     env["MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"] = "3600"
     result = run_script("nplm-train", *mlp3_args(brown_path, uri), cwd=workdir, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
+    (workdir / "output.txt").write_text(result.stdout + result.stderr)
     return workdir, uri
+
+
+def test_a_run_ends_with_one_summary_of_what_it_measured_and_no_noise(trained: tuple[Path, str]) -> None:
+    """Split, tokens and perplexity once each (Lightning's table repeated them under DataLoader 0, 1 and 2), and
+    none of the warnings a user cannot act on."""
+    workdir, uri = trained
+    output = (workdir / "output.txt").read_text()
+    (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("brown").experiment_id])
+    assert f"MLP3, run {run.info.run_id}: perplexity of every token, exact softmax" in output
+    for split, tokens in (("train", "20,000"), ("valid", "4,000"), ("test", "4,000")):
+        (line,) = [line.split() for line in output.splitlines() if line.strip().startswith(f"{split} ")]
+        assert line[1] == tokens and float(line[2].replace(",", "")) == pytest.approx(
+            run.data.metrics[f"{split}_ppl"], abs=0.01
+        )
+    for noise in (
+        "Test metric",
+        "DataLoader 2",
+        "LeafSpec",
+        "💡 Tip",
+        "python_model",
+        "not supported by the model summary",
+    ):
+        assert noise not in output
 
 
 def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str], brown_path: Path) -> None:
@@ -191,7 +215,7 @@ def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
     args = ["-m", "study=brown_direct", *mlp3_args(brown_path, copy), "model.direct=true", "report=null"]
     result = run_script("nplm-train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "adopted: run" in result.stdout + result.stderr
+    assert "adopted: run" in sweep_output(result, tmp_path)
     client = MlflowClient(copy)
     runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id], "attributes.status = 'FINISHED'")
     # the fixture's MLP3, not the MLP4 mixtures another test of this module may have added to its store
@@ -214,7 +238,7 @@ def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
     (again,) = client.search_runs([first.info.experiment_id], "tags.study = 'brown_features' and tags.row = 'MLP3'")
     assert again.data.tags["adopted_from"] == first.info.run_id  # the run that trained it, not the adopted one
     result = run_script("nplm-train", *args, "rerun=true", cwd=tmp_path)
-    assert result.returncode == 0 and "adopted: run" not in result.stdout + result.stderr, result.stderr[-3000:]
+    assert result.returncode == 0 and "adopted: run" not in sweep_output(result, tmp_path), result.stderr[-3000:]
 
 
 @pytest.mark.parametrize(

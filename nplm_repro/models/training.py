@@ -19,6 +19,7 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
 from nplm_repro.models.features import lsi_features
 from nplm_repro.models.lightning_module import KeptScores, NPLMModule
+from nplm_repro.progress import report_status
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
 # How callbacks act, never what a run computes, so no part of its config (nor of its key):
@@ -35,11 +36,23 @@ def resume_point(best: DictConfig) -> ModelCheckpoint:
     return ModelCheckpoint(dirpath=best.dirpath, filename=last, save_top_k=1, enable_version_counter=False)
 
 
+class EpochStatus(Callback):
+    """The epoch a sweep's job is at, for the sweep's progress display (nplm_repro/progress.py)."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        report_status(state="training", epoch=trainer.current_epoch + 1, max_epochs=trainer.max_epochs)
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        report_status(state="scoring")
+
+
 def fit_callbacks(cfg: DictConfig) -> list[Callback]:
-    """The config's callbacks (no progress bar when bars are off), the resume point if `save_last`, and a Timer."""
+    """The config's callbacks (no progress bar when bars are off), the resume point if `save_last`, a Timer, and
+    the epoch for a sweep's progress display."""
     bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
     kept = {name: c for name, c in cfg.callbacks.items() if bars or name != "progress_bar"}
     callbacks = [instantiate(c, **ACTS_ON.get(name, {})) for name, c in kept.items()]
+    callbacks.append(EpochStatus())
     if cfg.callbacks.model_checkpoint.get("save_last"):
         callbacks.append(resume_point(cfg.callbacks.model_checkpoint))
     if cfg.trainer.get("max_time") is None:  # with max_time, Lightning adds its own Timer
@@ -100,7 +113,7 @@ def train_neural(
     if trainer.world_size > 1:
         tester = L.Trainer(**one_device(cfg.trainer), logger=logger, enable_checkpointing=False, callbacks=[keep])
     start = time.perf_counter()
-    tester.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None)
+    tester.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None, verbose=False)
     cost["score_seconds"] = time.perf_counter() - start
     metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
     logger.log_metrics(cost)

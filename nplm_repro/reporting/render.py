@@ -3,6 +3,7 @@ number in CSV, and the figures; nothing lands in the output directory unless eve
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import shutil
@@ -235,24 +236,36 @@ def _html_item(item: Item) -> str:
     return f"<li>{lead}{e(item.text)}{under}</li>"
 
 
-def _html_parts(section: Section, level: int) -> list[str]:
+def _html_figure(name: str, directory: Path | None) -> str:
+    """A figure in the page: from `directory`, the SVG beside its PNG where there is one (the features map has
+    none), else the PNG, inline as a data URI so that the page stands alone; without a directory, a link."""
+    source = name
+    if directory is not None:
+        svg = (directory / name).with_suffix(".svg")
+        path, kind = (svg, "svg+xml") if svg.is_file() else (directory / name, "png")
+        source = f"data:image/{kind};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+    return f"<img src='{html.escape(source)}' alt='{html.escape(name)}'>"
+
+
+def _html_parts(section: Section, level: int, directory: Path | None = None) -> list[str]:
     e = html.escape
     parts = [f"<h{level}>{e(section.title)}</h{level}>", *(f"<p>{e(p)}</p>" for p in section.paragraphs)]
     if section.items:
         parts += ["<ul>", *(_html_item(item) for item in section.items), "</ul>"]
     if section.table is not None:
         parts.append(section.table.to_html(index=False, border=0))
-    parts += [f"<img src='{e(f)}' alt='{e(f)}'>" for f in section.figures]
+    parts += [_html_figure(f, directory) for f in section.figures]
     if section.command:
         parts.append(f"<pre>{e(section.command)}</pre>")
     return parts
 
 
-def html_page(report: Report, figures: list[str]) -> str:
-    """The same outline as `markdown`, as one HTML page."""
+def html_page(report: Report, figures: list[str], directory: Path | None = None) -> str:
+    """The same outline as `markdown`, as one HTML page; with the `directory` the figures were drawn in, the page
+    holds them (SVG, else PNG, inline) and stands alone."""
     head = f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(report.study)}</title></head><body>"
     sections = outline(report, figures)
-    parts = [part for i, section in enumerate(sections) for part in _html_parts(section, 1 if i == 0 else 2)]
+    parts = [part for i, s in enumerate(sections) for part in _html_parts(s, 1 if i == 0 else 2, directory)]
     return "\n".join([head, *parts, "</body></html>"]) + "\n"
 
 
@@ -305,7 +318,7 @@ def write(report: Report, out: Path) -> list[Path]:
         figures = draw(report, staging)
         (staging / f"{report.study}.md").write_text(markdown(report, figures))
         (staging / f"{report.study}.tex").write_text(latex(report))
-        (staging / f"{report.study}.html").write_text(html_page(report, figures))
+        (staging / f"{report.study}.html").write_text(html_page(report, figures, staging))
         csv_table(report).to_csv(staging / f"{report.study}.csv", index=False)
         out.mkdir(parents=True, exist_ok=True)
         written = []

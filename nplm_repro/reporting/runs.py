@@ -279,11 +279,12 @@ def best(configs: pd.DataFrame) -> pd.Series:
 
 
 def varying_keys(configs: pd.DataFrame) -> list[str]:
-    """Config keys besides the paper's columns whose value differs between configurations."""
+    """Config keys besides the paper's columns whose value differs between the configurations that have them: an
+    MLP's training keys (optim.*, callbacks.*) tell MLPs apart, never an MLP from an n-gram, which has none."""
     dicts = [json.loads(c) for c in configs["config"]]
     shown = {"model._target_"} | {f"model.{c}" for c in COLUMNS}
     keys = sorted({k for d in dicts for k in d} - shown)
-    return [k for k in keys if len({d.get(k, "") for d in dicts}) > 1]
+    return [k for k in keys if len({d[k] for d in dicts if k in d}) > 1]
 
 
 def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[float]]]]:

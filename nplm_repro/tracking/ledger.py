@@ -28,10 +28,12 @@ from nplm_repro.baselines.mixture import mix_with_trigram
 from nplm_repro.baselines.ngram import fit_ngram
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
+from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.precision import job_precision
 from nplm_repro.models.training import best_checkpoint, train_neural
+from nplm_repro.progress import report_status
 from nplm_repro.scores import ARTIFACT, Scores
 from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.kept import kept_scores, log_scores
@@ -141,6 +143,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     if threads:
         torch.set_num_threads(threads)
     log.info("%s: torch threads %d", cfg.get("row") or "run", torch.get_num_threads())
+    report_status(row=cfg.get("row") or "run", state="running")
     reach_store(cfg.tracking.uri)  # a store that cannot be reached or named stops the job before any work
     corpus = load_corpus(cfg.data)  # before the store is opened: a corpus found bad when read leaves no store
     if is_neural(cfg) and cfg.optim.batch_size > corpus.size("train"):
@@ -290,8 +293,22 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
             logger.experiment.log_text(logger.run_id, redact(traceback.format_exc()), "error.txt")
         logger.finalize("failed")
         raise
-    log.info("%s: %s", cfg.get("row") or "run", ", ".join(f"{k} {v:,.2f}" for k, v in sorted(metrics.items())))
+    log.info("%s", summary(cfg.get("row") or "run", logger.run_id, metrics))
     return logger.run_id, metrics
+
+
+def summary(name: str, run_id: str, metrics: dict[str, float]) -> str:
+    """What a run measured, once: split, tokens and perplexity (Lightning's own table repeats them per split), and
+    what the training cost."""
+    lines = [f"{name}, run {run_id}: perplexity of every token, exact softmax", "  split      tokens  perplexity"]
+    for split in SPLITS:
+        if f"{split}_ppl" in metrics:
+            tokens = metrics.get(f"{split}_tokens")
+            lines.append(f"  {split:<5} {f'{tokens:,.0f}' if tokens else '':>11} {metrics[f'{split}_ppl']:>11,.2f}")
+    costs = [(k, metrics[k]) for k in ("epochs", "fit_seconds", "score_seconds") if k in metrics]
+    if costs:
+        lines.append("  " + ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in costs))
+    return "\n".join(lines)
 
 
 def launcher_threads() -> int | None:

@@ -19,6 +19,7 @@ from filelock import FileLock, Timeout
 
 from nplm_repro.cache import cache_dir
 from nplm_repro.errors import NplmError
+from nplm_repro.progress import report_status
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,9 @@ def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
         lock.acquire(blocking=False)
     except Timeout:
         log.info("another job is %s: waiting for it", holder)
+        report_status(state="waiting")
         lock.acquire(timeout=timeout)
+        report_status(state="running")
     try:
         yield
     finally:

@@ -51,6 +51,7 @@ from omegaconf.errors import OmegaConfBaseException
 from nplm_repro.cli import errors_exit
 from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrupts
 from nplm_repro.paths import check_report_dir
+from nplm_repro.progress import close_displays
 from nplm_repro.tracking.ledger import end_orphans, search
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
@@ -156,6 +157,7 @@ class MlflowSweep(Callback):
         self.report: str | None = None  # the directory the study's report goes to, or None
         self.launcher: str = ""
         self.register = False  # tracking.register: the study's best MLP into the Model Registry when it ends
+        self.experiment_id: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.uri, experiment = config.tracking.uri, config.tracking.experiment
@@ -175,7 +177,7 @@ class MlflowSweep(Callback):
         with errors_exit():  # Hydra would only warn of a callback's error, and run every job against that store
             check_store(self.uri)  # creates the SQLite store and its tables, once, here
         client = mlflow.MlflowClient(self.uri)
-        experiment_id = ensure_experiment(client, experiment)
+        experiment_id = self.experiment_id = ensure_experiment(client, experiment)
         previous = search(self.uri, experiment, "tags.sweep = 'true'", f"tags.sweep_key = '{key}'", max_results=1)
         if previous:
             self.parent_run_id = previous[0].info.run_id
@@ -243,6 +245,8 @@ class MlflowSweep(Callback):
                 mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status)
                 if status == "KILLED" and "joblib" in self.launcher:  # SLURM's jobs live on without the launcher
                     self.end_killed_jobs()
+                else:
+                    log.info("sweep: its runs in MLflow's dashboard: %s", dashboard(self.uri, self.experiment_id))
 
     def keep_report(self, files: list[Path], metrics: dict[str, float]) -> None:
         """The report's files as the parent run's artifacts (`report/`), its headline numbers as its metrics."""
@@ -274,6 +278,14 @@ class MlflowSweep(Callback):
                     )
 
 
+def dashboard(uri: str, experiment_id: str | None) -> str:
+    """Where a user sees an experiment's runs: the server's page, or the command that serves a local store."""
+    page = f"#/experiments/{experiment_id}"
+    if uri.startswith(("http://", "https://")):
+        return f"{redact(uri).rstrip('/')}/{page}"
+    return f"mlflow ui --backend-store-uri {redact(uri)}, then open http://127.0.0.1:5000/{page}"
+
+
 def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
     """Wrap the @hydra.main function: a sweep that a failed job or an interrupt stops (Hydra then skips
     on_multirun_end) still ends its parent run, FAILED with the report written, or KILLED; the error goes on. A
@@ -286,6 +298,7 @@ def ends_sweeps(main: Callable[[], None]) -> Callable[[], None]:
         try:
             main()
         except BaseException as error:
+            close_displays()
             if MlflowSweep.open is not None:
                 MlflowSweep.open.end("KILLED" if interrupted(error) else "FAILED")
             raise

@@ -1,0 +1,320 @@
+"""The report's figures keep their rules, measured with matplotlib's own extents: no text overlaps another, no legend
+sits on an axes' data area, every label (tick label, legend entry, annotation) is at most 40 characters a line.
+
+The reports come from one small SQLite MLflow store, logged in nplm-train's schema (test_report.log_run): brown_sampled
+(MLP5 and MLP9 each trained exactly and sampled, MLP5 sampled at another rate too: labels of 60 to 80 characters in
+optim.* and trainer.* keys), brown_direct (MLP5 with and without direct connections, two seeds each: both kinds of
+claims), brown_recipe (four of MLP5's five steps beside brown_table1's fast MLP5). Their runs keep no scores: the
+intervals come from scores made up for each row (helpers.evidence_of, seeded), as the claims' tests make them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from helpers import evidence_of
+from matplotlib.axis import Axis
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
+from mlflow.tracking import MlflowClient
+from test_report import log_run, recipe_job
+
+from nplm_repro.reporting import figures as drawn
+from nplm_repro.reporting.claims import check_claims
+from nplm_repro.reporting.figures import LIMIT, fit_labels, sampled_pairs
+from nplm_repro.reporting.render import write
+from nplm_repro.reporting.tables import Learned, Report, best_epochs, build, with_intervals
+
+# --- the rules, as a checker -------------------------------------------------------------------------------------
+
+
+def _ticks_drawn(axis: Axis) -> tuple[list[Text], list[Text]]:
+    """The tick labels an axis draws, and those it keeps but does not draw (ticks beyond the view, spare ticks
+    matplotlib keeps for later), whose extents are stale."""
+    drawn_labels, spare = [], []
+    lo, hi = sorted(axis.get_view_interval())
+    slack = (hi - lo) * 1e-9
+    for ticks, locs in ((axis.majorTicks, axis.get_majorticklocs()), (axis.minorTicks, axis.get_minorticklocs())):
+        for i, tick in enumerate(ticks):
+            shown = i < len(locs) and lo - slack <= locs[i] <= hi + slack
+            (drawn_labels if shown else spare).extend(
+                label for label in (tick.label1, tick.label2) if label.get_visible()
+            )
+    return drawn_labels, spare
+
+
+def _shown(text: Text) -> bool:
+    return text.get_visible() and bool(text.get_text().strip())
+
+
+def _name(text: Text) -> str:
+    words = text.get_text().replace("\n", " ")
+    return repr(words if len(words) <= 60 else words[:57] + "...")
+
+
+def _overlap(a: Bbox, b: Bbox, tolerance: float) -> tuple[float, float] | None:
+    """How far two boxes overlap (width, height, in pixels), or None when they only touch (within `tolerance`)."""
+    width, height = min(a.x1, b.x1) - max(a.x0, b.x0), min(a.y1, b.y1) - max(a.y0, b.y0)
+    return (width, height) if width > tolerance and height > tolerance else None
+
+
+def broken_rules(figure: Figure, limit: int = LIMIT, tolerance: float = 1.0) -> list[str]:
+    """What a figure does against the rules, one line each (none: it keeps them): texts that overlap (touching is
+    allowed), a legend over text outside it or over an axes' data area, a label line longer than `limit`."""
+    if not isinstance(figure.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(figure)
+    figure.canvas.draw()  # lays the figure out as it is saved
+    renderer = figure.canvas.get_renderer()
+    labels, spare = [], set()
+    for ax in figure.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            shown, kept = _ticks_drawn(axis)
+            labels += shown
+            spare |= {id(t) for t in kept}
+        labels += [t for t in ax.texts if _shown(t)]
+    legends = figure.findobj(Legend)
+    for legend in legends:
+        labels += [t for t in (*legend.get_texts(), legend.get_title()) if _shown(t)]
+    texts = [t for t in figure.findobj(Text) if _shown(t) and id(t) not in spare]
+    boxes = [(t, t.get_window_extent(renderer)) for t in texts]
+    found = []
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[i + 1 :]:
+            if (by := _overlap(box_a, box_b, tolerance)) is not None:
+                found.append(f"text {_name(a)} overlaps text {_name(b)} ({by[0]:.0f} x {by[1]:.0f} px)")
+    for legend in legends:
+        box, own = legend.get_window_extent(renderer), {id(t) for t in legend.findobj(Text)}
+        for number, ax in enumerate(figure.axes, 1):
+            if _overlap(box, ax.get_window_extent(renderer), tolerance) is not None:
+                found.append(f"legend {_name(legend.get_texts()[0])}... sits on the data area of axes {number}")
+        for text, text_box in boxes:
+            if id(text) not in own and _overlap(box, text_box, tolerance) is not None:
+                found.append(f"legend {_name(legend.get_texts()[0])}... overlaps text {_name(text)}")
+    for label in labels:
+        for line in label.get_text().splitlines():
+            if len(line) > limit:
+                found.append(f"label {line!r} is {len(line)} characters, more than {limit}")
+    return found
+
+
+def _text_figure(*texts: tuple[float, float, str], legend_at: str = "") -> Figure:
+    figure = Figure(figsize=(4, 3), dpi=100)
+    ax = figure.add_subplot()
+    ax.plot([0, 1], [0, 1], label="data")
+    for x, y, words in texts:
+        ax.text(x, y, words)
+    if legend_at:
+        ax.legend(loc=legend_at)
+    return figure
+
+
+def test_the_checker_catches_what_breaks_the_rules() -> None:
+    """It can fail: two texts drawn at one place, a legend on the data, a long label; and passes texts apart."""
+    assert broken_rules(_text_figure((0.1, 0.2, "MLP5"), (0.1, 0.8, "MLP9"))) == []
+    same = broken_rules(_text_figure((0.1, 0.5, "MLP5"), (0.1, 0.5, "MLP9")))
+    assert len(same) == 1 and same[0].startswith("text 'MLP5' overlaps text 'MLP9' (")
+    shifted = broken_rules(_text_figure((0.1, 0.5, "MLP5 sampled"), (0.2, 0.51, "MLP9")))  # partly over it
+    assert len(shifted) == 1 and "overlaps text 'MLP9'" in shifted[0]
+    assert broken_rules(_text_figure(legend_at="upper left")) == ["legend 'data'... sits on the data area of axes 1"]
+    beside = _text_figure()
+    beside.axes[0].legend(**drawn.LEGEND)
+    assert broken_rules(beside) == []
+    beside.axes[0].text(1.05, 0.98, "note", transform=beside.axes[0].transAxes, va="top")  # where the legend is
+    over = broken_rules(beside)
+    assert over[-1] == "legend 'data'... overlaps text 'note'" and over[0].startswith(
+        "text 'note' overlaps text 'data'"
+    )
+    long = broken_rules(_text_figure((0.1, 0.5, "x" * 41), (0.1, 0.2, "x" * 40 + "\n" + "y" * 40)))
+    assert long == [f"label {'x' * 41!r} is 41 characters, more than 40"]
+
+
+def test_labels_fit_in_40_characters_and_stay_apart() -> None:
+    exact = "MLP7 trainer.limit_val_batches=None trainer.precision=bf16-mixed"
+    sampled = (
+        "MLP7 optim.estimator=importance optim.output=sampled optim.proposal=bigram optim.samples=500 "
+        "trainer.limit_val_batches=0.25 trainer.precision=32-true"
+    )
+    labels = [exact, sampled, exact.replace("MLP7", "MLP9"), sampled.replace("MLP7", "MLP9")]
+    fitted = fit_labels(labels)
+    assert fitted == ["MLP7", "MLP7 est=importance out=sampled", "MLP9", "MLP9 est=importance out=sampled"]
+    assert fit_labels(labels) == fitted  # the same labels, the same result
+    assert fit_labels(["MLP7 h=50", "MLP9 h=100"]) == ["MLP7 h=50", "MLP9 h=100"]  # short labels are left alone
+    pairs = ["class-based back-off n=3 c=500 / class-based back-off n=4 c=500", "Kneser-Ney back-off n=3 / MLP5"]
+    assert fit_labels(pairs) == ["class-based back-off n=3 c=500 / n=4", "Kneser-Ney back-off n=3 / MLP5"]  # n=3 kept
+    pairs.append("Kneser-Ney back-off n=3 / Kneser-Ney back-off n=4 c=1000 m=60 h=100")
+    assert fit_labels(pairs) == ["class-based n=3 c=500 / n=4", "KN n=3 / MLP5", "KN n=3 / n=4 c=1000 m=60 h=100"]
+    same_start = [f"{'a very long row name that says nothing ' * 2}{i}" for i in range(3)]
+    assert fit_labels(same_start) == [f"a very long row name that…ays nothing {i}" for i in range(3)]
+    same_end = [f"{i} {'a very long row name that says nothing ' * 2}" for i in range(3)]
+    assert fit_labels(same_end) == [f"{i} a very long row name that says nothin…" for i in range(3)]
+
+
+# --- a fixed store ---------------------------------------------------------------------------------------------
+
+EXACT, SAMPLED = ("optim=fast", "trainer.precision=bf16-mixed"), ("optim=sampled", "trainer.precision=32-true")
+PAIRS = {"mlp5": (245.5, 247.8, 40.0), "mlp9": (239.7, 240.3, 27.0)}  # test exact, test sampled, exact minutes
+DIRECT = {  # brown_direct's first pair: (overrides, test perplexity, each seed's validation curve)
+    "MLP5": (("experiment=mlp5",), 265.0, ((300, 280, 270, 272), (301, 279, 271, 273))),
+    "direct=no": (("experiment=mlp5", "model.direct=false"), 262.0, ((310, 290, 281, 276, 277), (309, 288, 279, 275))),
+}
+RECIPE = {  # job: (train, valid, test), validation per epoch; mlp5_drop not run: rate x5 is then fast's step before
+    "mlp5_paper": ((200, 300, 285), (340, 320, 305, 300, 301)),
+    "mlp5_batch256": ((210, 310, 295), (350, 310, 311)),
+    "mlp5_rate5x": ((180, 270, 250), (300, 270, 272)),
+    "mlp5_fast": ((183, 266, 245), (291, 266, 267)),
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, str]]:
+    return make_store(tmp_path_factory.mktemp("figures"))
+
+
+def make_store(workdir: Path) -> tuple[str, dict[str, str]]:
+    """The store's URI and the seed of each run (for the claims' epochs). brown_sampled: MLP5 and MLP9 each trained
+    exactly in bf16 and sampled in float32, and MLP5 sampled at another rate (its labels: 60 to 90 characters);
+    brown_direct: MLP5 and MLP5 without direct connections, two seeds each; brown_recipe: four of MLP5's five steps
+    beside brown_table1's fast MLP5."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(workdir / "mlruns"))
+    seeds, start = {}, iter(range(100))
+
+    def log(overrides: tuple[str, ...], ppl: tuple, epochs: tuple = (), **tags: str) -> str:
+        run_id = log_run(client, brown, overrides, next(start), ppl=ppl, epochs=epochs, **tags)
+        seeds[run_id] = client.get_run(run_id).data.params["seed"]
+        return run_id
+
+    sampled = [(row, SAMPLED, test, minutes / 6) for row, (_, test, minutes) in PAIRS.items()]
+    exact = [(row, EXACT, test, minutes) for row, (test, _, minutes) in PAIRS.items()]
+    for row, how, test, minutes in [*exact, *sampled, ("mlp5", (*SAMPLED, "optim.lr=0.002"), 251.0, 7.0)]:
+        curve = (test + 80, test + 45, test + 25, test + 24)
+        run_id = log((f"experiment={row}", *how), (200, test + 20, test), curve, study="brown_sampled")
+        client.log_metric(run_id, "fit_seconds", minutes * 60)
+    for overrides, test, curves in DIRECT.values():
+        for seed, curve in enumerate(curves, 1):
+            log((*overrides, f"seed={seed}"), (200, min(curve), test + seed / 2), curve, study="brown_direct")
+    log(("experiment=mlp5",), (180, 266, 246))  # brown_table1's fast MLP5
+    for name, (ppl, epochs) in RECIPE.items():
+        log(recipe_job(name), ppl, epochs, study="brown_recipe")
+    return uri, seeds
+
+
+def with_scores(report: Report, seeds: dict[str, str]) -> Report:
+    """The report as it is when every run kept its scores: intervals from scores made up to match each row."""
+    evidence = evidence_of(report.table, noise=0.002, seed=1)
+    table = with_intervals(report.table, evidence)
+    claims = check_claims(report.study, table, evidence, best_epochs(report.history, seeds))
+    return dataclasses.replace(report, table=table, evidence=evidence, claims=claims)
+
+
+@pytest.fixture(scope="module")
+def reports(store: tuple[str, dict[str, str]]) -> dict[str, Report]:
+    return make_reports(*store)
+
+
+def make_reports(uri: str, seeds: dict[str, str]) -> dict[str, Report]:
+    sampled = build(uri, "brown", "brown_sampled")
+    return {
+        "brown_sampled": with_scores(sampled, seeds),
+        "brown_sampled, no scores": sampled,
+        "brown_direct": with_scores(build(uri, "brown", "brown_direct"), seeds),
+        "brown_recipe": build(uri, "brown", "brown_recipe"),
+    }
+
+
+DRAWN = {  # the figures each report has (file stems less the study)
+    "brown_sampled": {"sampled_pairs", "test", "valid_by_epoch", "optim.lr"},
+    "brown_sampled, no scores": {"sampled_pairs", "test", "valid_by_epoch", "optim.lr"},
+    "brown_direct": {"test", "valid_by_epoch", "claims", "claims_epochs", "direct"},
+    "brown_recipe": {"recipe_steps", "test", "valid_by_epoch", "optim.batch_size", "optim.lr", "optim.recipe"},
+}
+
+
+@pytest.mark.parametrize("name", list(DRAWN))
+def test_every_figure_of_a_report_keeps_the_rules(name: str, reports: dict[str, Report]) -> None:
+    report = reports[name]
+    found = drawn.figures(report)
+    assert {stem.removeprefix(f"{report.study}_") for stem, _ in found} == DRAWN[name]
+    for stem, figure in found:
+        assert isinstance(figure, Figure)
+        broken = broken_rules(figure)
+        assert not broken, f"{stem}:\n" + "\n".join(broken)
+
+
+def test_long_configurations_are_told_apart_in_40_characters(reports: dict[str, Report]) -> None:
+    """brown_sampled's rows are 60 to 90 characters long (optim.lr, trainer.limit_val_batches, trainer.precision):
+    each figure still tells them apart, by the values that differ, shortened."""
+    report = reports["brown_sampled"]
+    assert max(len(label) for label in report.table["label"]) > 70
+    (ax,) = drawn.rows_figure(report).axes
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert ticks == [
+        "MLP5 lr=0.002 val=0.25 prec=fp32", "MLP5 lr=0.005 val=0.25 prec=fp32", "MLP5 lr=0.005 val=None prec=bf16",
+        "MLP9 lr=0.005 val=0.25 prec=fp32", "MLP9 lr=0.005 val=None prec=bf16",
+    ]  # fmt: skip
+    (ax,) = drawn.valid_by_epoch(report).axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"{t} (1)" for t in ticks]
+
+
+def test_brown_sampled_draws_each_pairs_cost_and_speed_up(reports: dict[str, Report]) -> None:
+    pairs = sampled_pairs(reports["brown_sampled"])
+    assert [p.label.split()[0] for p in pairs] == ["MLP5", "MLP9"]  # MLP5 at another rate has no exact twin
+    for pair, (exact, sampled, _) in zip(pairs, PAIRS.values()):
+        assert pair.estimate == pytest.approx(sampled / exact - 1, abs=1e-9)
+        assert pair.low < pair.estimate < pair.high and pair.verdict == "holds"
+        assert pair.speedup == pytest.approx(6.0) and pair.in_fit
+    cost, speed = drawn.sampled_figure(reports["brown_sampled"]).axes
+    assert [t.get_text() for t in cost.get_yticklabels()] == ["MLP5", "MLP9"]
+    assert [t.get_text() for t in speed.texts] == ["6.0x", "6.0x"]
+    assert [t.get_text() for t in speed.get_legend().get_texts()] == ["within ±2%: holds"]
+    unscored = sampled_pairs(reports["brown_sampled, no scores"])
+    assert [(p.low, p.verdict) for p in unscored] == [(None, None)] * 2  # a hollow point, said in the legend
+    _, speed = drawn.sampled_figure(reports["brown_sampled, no scores"]).axes
+    assert [t.get_text() for t in speed.get_legend().get_texts()] == ["no interval (no kept scores)"]
+
+
+def test_brown_recipe_draws_its_steps_as_a_waterfall(reports: dict[str, Report]) -> None:
+    (ax,) = drawn.recipe_figure(reports["brown_recipe"]).axes
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == ["0. paper", "1. batch 256", "2. rate x5", "3. drop on plateau\n(not run)", "4. no decay = fast"]
+    bars = [(round(p.get_y(), 1), round(p.get_y() + p.get_height(), 1)) for p in ax.patches]
+    floor = bars[0][0]
+    assert bars == [(floor, 285.0), (285.0, 295.0), (295.0, 250.0), (250.0, 245.0)]  # fast against rate x5
+    assert [t.get_text() for t in ax.texts] == ["285.0", "295.0\n+3.5%", "250.0\n-15.3%", "245.0\n-2.0%"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "the paper's MLP5: 279",
+        "MLP5, optim=fast (Table 1): 246",
+    ]
+
+
+def test_a_report_writes_each_figure_as_png_and_svg_and_its_html_holds_them(
+    reports: dict[str, Report], tmp_path: Path
+) -> None:
+    """The features map (drawn when its run ended) is copied as PNG alone; the HTML page carries every figure."""
+    png = next(Path(__file__).parent.glob("data/*.png"), None)
+    map_png = png.read_bytes() if png else b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+    learned = Learned("MLP5", "0" * 32, (), (), map_png)
+    report = dataclasses.replace(reports["brown_direct"], learned=learned)
+    files = {p.name for p in write(report, tmp_path)}
+    pngs = {f for f in files if f.endswith(".png")}
+    assert (
+        "brown_direct_features_map.png" in pngs and (tmp_path / "brown_direct_features_map.png").read_bytes() == map_png
+    )
+    assert {f for f in files if f.endswith(".svg")} == {
+        f.removesuffix(".png") + ".svg" for f in pngs - {"brown_direct_features_map.png"}
+    }
+    assert all((tmp_path / f).read_bytes().startswith(b"\x89PNG") for f in pngs)
+    page = (tmp_path / "brown_direct.html").read_text()
+    assert page.count("src='data:image/svg+xml;base64,") == len(pngs) - 1
+    assert page.count("src='data:image/png;base64,") == 1
+    assert not re.search(r"src='[^d]", page)  # no link to a file beside it
+    drawn.save(drawn.rows_figure(report), tmp_path / "once.png")  # the same figure, the same bytes
+    drawn.save(drawn.rows_figure(report), tmp_path / "twice.png")
+    assert (tmp_path / "once.svg").read_bytes() == (tmp_path / "twice.svg").read_bytes()
