@@ -76,8 +76,9 @@ def write_study(uri: str, experiment: str, study: str, out: Path) -> tuple[list[
     except NplmError as error:
         log.warning("no report of study %s: %s", study, error)
         return [], {}
-    for path in written:
-        log.info("report: %s", path)
+    page = next((p for p in written if p.suffix == ".md"), written[0]) if written else None
+    if page is not None:
+        log.info("report: %s, and beside it %d more files (.csv, .tex, .html, figures)", page, len(written) - 1)
     return written, headline(report.table)
 
 

@@ -316,7 +316,9 @@ def argument_problems(program: str, args: tuple[str, ...], monkeypatch: pytest.M
     with monkeypatch.context() as patch, logging_kept():
         patch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
         patch.setattr(sys, "argv", [program, *args])
-        patch.delenv("HYDRA_FULL_ERROR", raising=False)  # the commands set it for Hydra; put back as it was
+        # the commands set it for Hydra: setenv first, so that the context puts it back as it was even when it was unset
+        patch.setenv("HYDRA_FULL_ERROR", "")
+        patch.delenv("HYDRA_FULL_ERROR")
         stderr = io.StringIO()
         try:
             with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):

@@ -373,6 +373,7 @@ def cache_refused(cache: Path, tiny_brown_path: Path, workdir: Path) -> str:
     return line
 
 
+@pytest.mark.slow  # a command each (about 6 s): test_a_cache_that_is_a_file_is_one_line_and_no_run is the default suite's
 def test_a_cache_that_cannot_be_created_is_one_line_and_no_store(tiny_brown_path: Path, tmp_path: Path) -> None:
     """NPLM_CACHE=/proc/... was a FileNotFoundError (exit 1) that never named NPLM_CACHE, after the store was made."""
     assert cache_refused(Path("/proc/nplm_cache"), tiny_brown_path, tmp_path) == (
@@ -381,6 +382,7 @@ def test_a_cache_that_cannot_be_created_is_one_line_and_no_store(tiny_brown_path
     )
 
 
+@pytest.mark.slow  # a command (about 6 s), like the test above
 def test_a_read_only_cache_is_one_line_and_no_store(tiny_brown_path: Path, small_disk: Path) -> None:
     """Its lock files could not be written: a PermissionError or OSError (exit 1) once the store was made."""
     (small_disk / "cache" / "locks").mkdir(parents=True)

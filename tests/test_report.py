@@ -400,8 +400,16 @@ def test_require_clean_leaves_the_runs_of_dirty_trees_out_and_says_how_many(
     "out,said",
     [
         ("a-file", "--out {tmp}/a-file: {tmp}/a-file is a file, not a directory"),
-        ("a-file/reports", "--out {tmp}/a-file/reports: {tmp}/a-file is a file, not a directory"),
-        ("/proc/forbidden", "--out /proc/forbidden: cannot create a directory in /proc (No such file or directory)"),
+        pytest.param(  # a command each (about 2.5 s): one in the default suite
+            "a-file/reports",
+            "--out {tmp}/a-file/reports: {tmp}/a-file is a file, not a directory",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "/proc/forbidden",
+            "--out /proc/forbidden: cannot create a directory in /proc (No such file or directory)",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_an_out_that_cannot_be_a_directory_is_one_line_before_the_store_is_read(
@@ -633,15 +641,24 @@ def nothing(uri: str) -> None:
     [
         (None, "no tracking store at "),
         (nothing, "no runs to report: the store has no experiment 'brown' (it has only Default)"),
-        (no_finished_runs, "no finished runs of study 'brown_table1' in experiment 'brown' (1 FAILED, 1 RUNNING)"),
-        (
+        pytest.param(  # a command each (about 3.5 s): the last three are slow tests
+            no_finished_runs,
+            "no finished runs of study 'brown_table1' in experiment 'brown' (1 FAILED, 1 RUNNING)",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
             no_paper_row,
             (
                 "no finished run of study 'brown_table1' in experiment 'brown' has the columns of a row of the "
                 "paper's table (1 finished runs with other columns)"
             ),
+            marks=pytest.mark.slow,
         ),
-        (foreign_runs, "experiment 'brown' holds no nplm-repro runs (none of its 1 runs has a data_fingerprint tag)"),
+        pytest.param(
+            foreign_runs,
+            "experiment 'brown' holds no nplm-repro runs (none of its 1 runs has a data_fingerprint tag)",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["missing-store", "empty-store", "no-finished-runs", "no-paper-row", "foreign-experiment"],
 )

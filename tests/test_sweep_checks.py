@@ -46,6 +46,7 @@ def test_a_report_directory_that_cannot_be_written_stops_the_sweep_before_anythi
     assert not (tmp_path / "m.db").exists()  # no store, no parent run
 
 
+@pytest.mark.slow  # a sweep (about 6 s); the test above keeps one in the default suite
 def test_a_key_that_some_jobs_refuse_stops_the_sweep_naming_them(tiny_brown_path: Path, tmp_path: Path) -> None:
     """An n-gram has no h: it exited 2 with Hydra's words alone, and left a FAILED parent run with no children."""
     code, line, _ = sweep(tmp_path, tiny_brown_path, "experiment=kn3,del_int,mlp9", "model.h=16")

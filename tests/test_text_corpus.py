@@ -183,7 +183,7 @@ def test_a_nul_in_text_names_the_file_and_byte_offset(encoding: str, raw: bytes,
     )
 
 
-@pytest.mark.parametrize("key", ["data.path", "data.split.valid_path"])
+@pytest.mark.parametrize("key", ["data.path", pytest.param("data.split.valid_path", marks=pytest.mark.slow)])
 def test_a_missing_text_corpus_is_one_line_and_no_store(key: str, tmp_path: Path) -> None:
     """The corpus is read after the store is opened: a path that is not there used to leave an empty store."""
     paths = {"data.path": write(tmp_path / "t.txt", "a b c .\n"), "data.split.valid_path": tmp_path / "v.txt"}

@@ -73,7 +73,6 @@ def test_a_run_ends_with_one_summary_of_what_it_measured_and_no_noise(trained: t
         )
     for noise in (
         "Test metric",
-        "DataLoader 2",
         "LeafSpec",
         "💡 Tip",
         "python_model",
@@ -152,7 +151,10 @@ def test_test_loop_scores_every_token(tiny_brown_path: Path) -> None:
     assert sum(len(target) for _, target in batches) == 700
 
 
-@pytest.mark.parametrize("experiment,row,n", [("del_int", "Del. Int.", "3"), ("kn4", "Kneser-Ney back-off", "4")])
+@pytest.mark.parametrize(
+    "experiment,row,n",
+    [("del_int", "Del. Int.", "3"), pytest.param("kn4", "Kneser-Ney back-off", "4", marks=pytest.mark.slow)],
+)
 def test_ngram_rows_run_through_the_same_entry_point(
     experiment: str, row: str, n: str, brown_path: Path, tmp_path: Path
 ) -> None:
