@@ -225,9 +225,14 @@ def _duration(minutes: float) -> str:
     return f"{minutes:.1f} min" if minutes >= 1 else f"{minutes * 60:.0f} s"
 
 
+def _total(minutes: float) -> str:
+    """A study's total time: in hours from an hour on, else as `_duration` says it (a quickstart's 0.0 hours)."""
+    return f"{minutes / 60:.1f} hours" if minutes >= 60 else _duration(minutes)
+
+
 def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence, commits: list[str]) -> list[str]:
     """The ML Reproducibility Checklist's facts about the runs shown: seeds per row, how the rows were chosen, the
-    intervals, the compute (CPU, wall time, CPU-hours), the libraries, the data and the code."""
+    intervals, the compute (CPU, wall time, CPU time), the libraries, the data and the code."""
     finished = table[table["status"] == "finished"]
     shown = runs[runs["run_id"].isin(" ".join(finished["run_ids"]).split())]
     seeds = finished["seeds"].value_counts().sort_index()
@@ -259,11 +264,11 @@ def reproducibility(table: pd.DataFrame, runs: pd.DataFrame, evidence: Evidence,
         for row in finished.itertuples()
         if minutes.reindex(row.run_ids.split()).notna().any()
     ]
-    cpu_hours = (shown["minutes"] * shown["threads"]).sum() / 60
+    cpu_minutes = (shown["minutes"] * shown["threads"]).sum()
     unthreaded = int(shown["threads"].isna().sum())
     lines.append(
-        "Wall time per run, mean over seeds: " + ", ".join(wall) + f". Total {shown['minutes'].sum() / 60:.1f} "
-        f"hours of wall time; {cpu_hours:.1f} CPU-hours (wall time x torch threads)"
+        "Wall time per run, mean over seeds: " + ", ".join(wall) + f". Total {_total(shown['minutes'].sum())} "
+        f"of wall time; {_total(cpu_minutes)} of CPU time (wall time x torch threads)"
         + (f" over the {len(shown) - unthreaded} runs that recorded their threads" if unthreaded else "")
         + "."
     )
