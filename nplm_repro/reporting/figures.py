@@ -25,6 +25,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, paper_table
 from nplm_repro.reporting import recipe
@@ -386,6 +387,7 @@ def valid_by_epoch(report: Report) -> Figure | None:
     quarter = any(c.get("trainer.limit_val_batches") not in (None, "1.0", "1") for c in configs)
     on = " (sampled runs: on the first quarter of validation)" if quarter else ""
     ax.set(xlabel="epoch", ylabel="validation perplexity")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole: no tick at 2.5
     ax.set_title(
         f"{report.study}: validation perplexity per epoch{on}\nthin: one seed (v: its best epoch, the checkpoint "
         "reported); bold: the seeds' mean",
