@@ -28,6 +28,16 @@ def test_the_line_says_nothing_of_the_time_left_before_any_progress_and_the_time
     assert progress_line("s", 2, done, 3725.0) == "s: 2/2 done, 0 running, 0 failed | 1h02m"
 
 
+def test_jobs_that_found_their_run_made_tell_nothing_of_the_pace() -> None:
+    """brown_sampled in a store that holds Table 1's sampled MLPs: five jobs adopt theirs in seconds, five train."""
+    statuses = [{"row": f"MLP{i}", "state": "done", "seconds": 2.0} for i in (1, 3, 5, 7, 9)]
+    statuses += [{"row": "MLP9", "state": "training", "epoch": 3, "max_epochs": 20}]
+    # 2 of MLP9's 20 epochs in 600 s: 0.1 of the 5 jobs that train, so 4.9 more take 29,400 s
+    line = progress_line("brown_sampled", 10, statuses, elapsed=600.0)
+    assert line == "brown_sampled: 5/10 done, 1 running, 0 failed | MLP9 epoch 3/20 | ~8h10m left"
+    assert "left" not in progress_line("s", 2, [{"row": "MLP1", "state": "done", "seconds": 1.0}], 5.0)  # no pace yet
+
+
 @pytest.mark.parametrize("seconds,text", [(0, "0s"), (59.9, "59s"), (60, "1m00s"), (185, "3m05s"), (7200, "2h00m")])
 def test_duration(seconds: float, text: str) -> None:
     assert duration(seconds) == text

@@ -33,6 +33,7 @@ from nplm_repro.tracking.sweep import BASIC_SWEEPER, jobs
 OUTPUT_LOG = "output.log"  # in each job's directory: everything the job printed
 STATUS_DIR = ".jobs"  # in the sweep's directory: one status file per job, <job number>.json
 FINAL = ("done", "failed")
+QUICK = 30.0  # seconds: a job done this fast found its run made (skipped, adopted) and tells nothing of the pace
 
 
 def duration(seconds: float) -> str:
@@ -48,7 +49,8 @@ def duration(seconds: float) -> str:
 def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapsed: float) -> str:
     """The display's one line: `quickstart: 1/4 done, 2 running, 0 failed | MLP9 epoch 2/3, Del. Int. | ~1m20s left`.
 
-    The time left assumes the rest goes at the pace so far, a running MLP counting by its epochs done."""
+    The time left assumes the rest goes at the pace so far, a running MLP counting by its epochs done; jobs that
+    ended within `QUICK` seconds (a run found made) count neither as work nor as work done."""
     done = sum(s.get("state") == "done" for s in statuses)
     failed = sum(s.get("state") == "failed" for s in statuses)
     running = [s for s in statuses if s.get("state") not in FINAL]
@@ -63,11 +65,13 @@ def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapse
         shown.append(what)
     if shown:
         parts.append(", ".join(shown))
-    finished = done + failed + sum((s.get("epoch", 1) - 1) / s["max_epochs"] for s in running if s.get("max_epochs"))
-    if 0 < finished < total:
-        parts.append(f"~{duration(elapsed * (total - finished) / finished)} left")
-    elif finished >= total:
+    quick = sum(s.get("state") in FINAL and s.get("seconds", QUICK) < QUICK for s in statuses)
+    partly = sum((s.get("epoch", 1) - 1) / s["max_epochs"] for s in running if s.get("max_epochs"))
+    finished, work = done + failed - quick + partly, total - quick
+    if done + failed >= total:
         parts.append(f"{duration(elapsed)}")
+    elif 0 < finished < work:
+        parts.append(f"~{duration(elapsed * (work - finished) / finished)} left")
     return " | ".join(parts)
 
 
@@ -149,7 +153,7 @@ class SweepConsole(Callback):
         log = job_dir / OUTPUT_LOG
         os.environ[STATUS_ENV] = str(self.status_dir / f"{config.hydra.job.num}.json")
         row = config.get("row") or " ".join(config.hydra.overrides.task) or f"job {config.hydra.job.num}"
-        report_status(row=row, state="starting", log=str(log))
+        report_status(row=row, state="starting", log=str(log), started=time.time())
         sys.stdout.flush()
         sys.stderr.flush()
         self._saved = (os.dup(1), os.dup(2))
@@ -166,6 +170,7 @@ class SweepConsole(Callback):
             report_status(state="failed", error=one_line(error))
         else:
             report_status(state="done")
+        report_status(seconds=time.time() - read_status(Path(os.environ[STATUS_ENV])).get("started", time.time()))
         sys.stdout.flush()
         sys.stderr.flush()
         for fd, saved in zip((1, 2), self._saved):
