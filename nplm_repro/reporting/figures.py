@@ -30,7 +30,7 @@ from matplotlib.ticker import MaxNLocator
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, paper_table
 from nplm_repro.reporting import recipe
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, study_spec, verdict_of
-from nplm_repro.reporting.notes import HOW_TRAINED, SAMPLED_MARGIN
+from nplm_repro.reporting.notes import SAMPLED_MARGIN, both_ways, speed_up
 from nplm_repro.reporting.runs import present
 from nplm_repro.reporting.tables import Report
 
@@ -461,21 +461,10 @@ class SampledPair:
 def sampled_pairs(report: Report) -> list[SampledPair]:
     """The trained MLPs run both ways, paired as notes.sampled_vs_exact pairs them (the same config less
     HOW_TRAINED), with the same paired interval and its equivalence verdict within +-SAMPLED_MARGIN."""
-    table = report.table
-    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
-    both: dict[str, dict[str, pd.Series]] = {}
-    for _, row in trained.iterrows():
-        config = json.loads(row["config"])
-        model = json.dumps({k: v for k, v in config.items() if k not in HOW_TRAINED})
-        both.setdefault(model, {})[config.get("optim.output", "exact")] = row
     pairs = []
-    for ways in both.values():
-        if not {"exact", "sampled"} <= set(ways):
-            continue
-        exact, sampled = ways["exact"], ways["sampled"]
-        in_fit = present(exact.get("fit_minutes")) and present(sampled.get("fit_minutes"))
-        cost = "fit_minutes" if in_fit else "minutes"
-        speedup = exact[cost] / sampled[cost] if present(sampled[cost]) and sampled[cost] else np.nan
+    for exact, sampled in both_ways(report.table):
+        speedup, cost = speed_up(exact, sampled)
+        in_fit = cost == "fit_minutes"
         difference = report.evidence.compare(sampled["label"], exact["label"])
         estimate = sampled["test_ppl"] / exact["test_ppl"] - 1
         if difference is None:

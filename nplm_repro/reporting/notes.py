@@ -136,38 +136,47 @@ def other_mixtures(ctx: Context) -> list[str]:
 SAMPLED_MARGIN = 0.02  # "sampled training reaches the exact perplexity": the paired interval within +-2% on test
 
 
+def both_ways(table: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
+    """Each finished, unmixed MLP configuration trained both ways, as (exact, sampled): rows whose configs are the
+    same less HOW_TRAINED."""
+    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    ways: dict[str, dict[str, pd.Series]] = {}
+    for _, row in trained.iterrows():
+        config = json.loads(row["config"])
+        model = json.dumps({k: v for k, v in config.items() if k not in HOW_TRAINED})
+        ways.setdefault(model, {})[config.get("optim.output", "exact")] = row
+    return [(both["exact"], both["sampled"]) for both in ways.values() if {"exact", "sampled"} <= set(both)]
+
+
+def speed_up(exact: pd.Series, sampled: pd.Series) -> tuple[float, str]:
+    """Exact time over sampled time, and the column it is read from: time in fit where both runs have it (a run
+    resumed in a later session spans the time between), else wall time."""
+    cost = "fit_minutes" if pd.notna(exact["fit_minutes"]) and pd.notna(sampled["fit_minutes"]) else "minutes"
+    return (exact[cost] / sampled[cost] if pd.notna(sampled[cost]) and sampled[cost] else np.nan), cost
+
+
 def sampled_vs_exact(ctx: Context) -> list[str]:
     """Each trained MLP configuration run both ways: its sampled training against its exact training, on the
     exact perplexities of both, with epochs, wall time and the speed-up (exact minutes / sampled minutes), and the
     paper's claim (§5.1, from Bengio & Senecal 2003) that sampling loses nothing, as an equivalence test per pair:
     sampled over exact test perplexity, less 1, its paired interval within +-SAMPLED_MARGIN."""
-    table = ctx.table
-    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
-    pairs: dict[str, dict[str, tuple[pd.Series, dict]]] = {}
-    for _, row in trained.iterrows():
-        config = json.loads(row["config"])
-        model = json.dumps({k: v for k, v in config.items() if k not in HOW_TRAINED})
-        pairs.setdefault(model, {})[config.get("optim.output", "exact")] = (row, config)
     lines, verdicts, samples = [], [], set()
-    for both in pairs.values():
-        if {"exact", "sampled"} <= set(both):
-            (exact, exact_config), (sampled, how) = both["exact"], both["sampled"]
-            precision = exact_config.get("trainer.precision")
-            # time in fit where both have it: a run resumed in a later session spans the time between
-            cost = "fit_minutes" if pd.notna(exact["fit_minutes"]) and pd.notna(sampled["fit_minutes"]) else "minutes"
-            speedup = exact[cost] / sampled[cost] if sampled[cost] else np.nan
-            diffs = ", ".join(
-                f"{s} {sampled[f'{s}_ppl']:.1f} ({sampled[f'{s}_ppl'] / exact[f'{s}_ppl'] - 1:+.1%})"
-                for s in ("valid", "test")
-            )
-            lines.append(
-                f"{exact['row']}: exact ({precision}) valid {exact['valid_ppl']:.1f}, test {exact['test_ppl']:.1f}, "
-                f"{exact['epochs']:.0f} epochs, {exact[cost]:.1f} min; sampled (k={how.get('optim.samples')}, "
-                f"{how.get('optim.proposal')} proposal, {how.get('optim.estimator')}) {diffs}, "
-                f"{sampled['epochs']:.0f} epochs, {sampled[cost]:.1f} min{' in fit' if cost == 'fit_minutes' else ''}: "
-                f"{speedup:.1f}x faster{_equivalence(ctx.evidence, exact, sampled, verdicts)}"
-            )
-            samples.add(how.get("optim.samples"))
+    for exact, sampled in both_ways(ctx.table):
+        precision = json.loads(exact["config"]).get("trainer.precision")
+        how = json.loads(sampled["config"])
+        speedup, cost = speed_up(exact, sampled)
+        diffs = ", ".join(
+            f"{s} {sampled[f'{s}_ppl']:.1f} ({sampled[f'{s}_ppl'] / exact[f'{s}_ppl'] - 1:+.1%})"
+            for s in ("valid", "test")
+        )
+        lines.append(
+            f"{exact['row']}: exact ({precision}) valid {exact['valid_ppl']:.1f}, test {exact['test_ppl']:.1f}, "
+            f"{exact['epochs']:.0f} epochs, {exact[cost]:.1f} min; sampled (k={how.get('optim.samples')}, "
+            f"{how.get('optim.proposal')} proposal, {how.get('optim.estimator')}) {diffs}, "
+            f"{sampled['epochs']:.0f} epochs, {sampled[cost]:.1f} min{' in fit' if cost == 'fit_minutes' else ''}: "
+            f"{speedup:.1f}x faster{_equivalence(ctx.evidence, exact, sampled, verdicts)}"
+        )
+        samples.add(how.get("optim.samples"))
     if not lines:
         return []
     verdict = {HOLDS: "holds", FAILS: "fails"}.get(combine(verdicts), "inconclusive")

@@ -82,6 +82,7 @@ class SweepConsole(Callback):
         self.every = every  # seconds between redraws on a terminal
         self.status_dir: Path | None = None  # set in the launching process, pickled with the callback to the jobs
         self._saved: tuple[int, int] | None = None  # a job's own stdout and stderr while its output goes to its log
+        self._started = 0.0  # when the job began (time.monotonic), for the seconds it took
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -153,7 +154,8 @@ class SweepConsole(Callback):
         log = job_dir / OUTPUT_LOG
         os.environ[STATUS_ENV] = str(self.status_dir / f"{config.hydra.job.num}.json")
         row = config.get("row") or " ".join(config.hydra.overrides.task) or f"job {config.hydra.job.num}"
-        report_status(row=row, state="starting", log=str(log), started=time.time())
+        report_status(row=row, state="starting", log=str(log))
+        self._started = time.monotonic()
         sys.stdout.flush()
         sys.stderr.flush()
         self._saved = (os.dup(1), os.dup(2))
@@ -164,13 +166,13 @@ class SweepConsole(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self._saved is None:
             return
+        seconds = time.monotonic() - self._started
         if job_return.status == JobStatus.FAILED:
             error = job_return._return_value
             print(f"error: {type(error).__name__}: {one_line(error)}", file=sys.stderr)
-            report_status(state="failed", error=one_line(error))
+            report_status(state="failed", error=one_line(error), seconds=seconds)
         else:
-            report_status(state="done")
-        report_status(seconds=time.time() - read_status(Path(os.environ[STATUS_ENV])).get("started", time.time()))
+            report_status(state="done", seconds=seconds)
         sys.stdout.flush()
         sys.stderr.flush()
         for fd, saved in zip((1, 2), self._saved):
