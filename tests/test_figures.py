@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import evidence_of
+from helpers import ROOT, evidence_of
 from matplotlib.axis import Axis
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -25,6 +25,7 @@ from matplotlib.transforms import Bbox
 from mlflow.tracking import MlflowClient
 from test_report import log_run, recipe_job
 
+from nplm_repro.paper import COLUMNS
 from nplm_repro.reporting import figures as drawn
 from nplm_repro.reporting.claims import check_claims
 from nplm_repro.reporting.figures import LIMIT, fit_labels, sampled_pairs
@@ -229,20 +230,31 @@ def make_reports(uri: str, seeds: dict[str, str]) -> dict[str, Report]:
     }
 
 
-DRAWN = {  # the figures each report has (file stems less the study)
-    "brown_sampled": {"sampled_pairs", "test", "valid_by_epoch", "optim.lr"},
-    "brown_sampled, no scores": {"sampled_pairs", "test", "valid_by_epoch", "optim.lr"},
+DRAWN = {  # the figures each report has (file stems less the study); brown_sampled and brown_recipe declare no knobs
+    "brown_sampled": {"sampled_pairs", "test", "valid_by_epoch"},
+    "brown_sampled, no scores": {"sampled_pairs", "test", "valid_by_epoch"},
     "brown_direct": {"test", "valid_by_epoch", "claims", "claims_epochs", "direct"},
-    "brown_recipe": {"recipe_steps", "test", "valid_by_epoch", "optim.batch_size", "optim.lr", "optim.recipe"},
+    "brown_recipe": {"recipe_steps", "test", "valid_by_epoch"},
+}
+KNOBS = {  # the knob figures the same rows give a study that declares no knobs (a free sweep's)
+    "brown_sampled": {"optim.lr"},
+    "brown_sampled, no scores": {"optim.lr"},
+    "brown_direct": {"direct"},
+    "brown_recipe": {"optim.batch_size", "optim.lr", "optim.recipe"},
 }
 
 
 @pytest.mark.parametrize("name", list(DRAWN))
 def test_every_figure_of_a_report_keeps_the_rules(name: str, reports: dict[str, Report]) -> None:
+    """The figures the study draws, and the knob figures its rows would give a free sweep (labels of 60 to 90
+    characters in brown_sampled's optim.lr), each keeps every rule."""
     report = reports[name]
     found = drawn.figures(report)
     assert {stem.removeprefix(f"{report.study}_") for stem, _ in found} == DRAWN[name]
-    for stem, figure in found:
+    every = [(knob, drawn.against_knob(report, knob)) for knob in (*COLUMNS, *report.extra)]
+    knobs = [(knob, figure) for knob, figure in every if figure is not None]
+    assert {knob for knob, _ in knobs} == KNOBS[name]
+    for stem, figure in [*found, *knobs]:
         assert isinstance(figure, Figure)
         broken = broken_rules(figure)
         assert not broken, f"{stem}:\n" + "\n".join(broken)
@@ -318,3 +330,37 @@ def test_a_report_writes_each_figure_as_png_and_svg_and_its_html_holds_them(
     drawn.save(drawn.rows_figure(report), tmp_path / "once.png")  # the same figure, the same bytes
     drawn.save(drawn.rows_figure(report), tmp_path / "twice.png")
     assert (tmp_path / "once.svg").read_bytes() == (tmp_path / "twice.svg").read_bytes()
+
+
+def test_the_rows_figure_shows_each_seed_beside_the_mean_and_the_paper(reports: dict[str, Report]) -> None:
+    """brown_direct's rows have two seeds each: a dot per seed at its own test perplexity, the mean filled."""
+    report = reports["brown_direct"]
+    (ax,) = drawn.rows_figure(report).axes
+    seeds = sorted(tuple(sorted(line.get_xdata())) for line in ax.lines if line.get_marker() == "|")
+    assert seeds == sorted(
+        (test + 0.5, test + 1.0) for _, test, _ in DIRECT.values()
+    )  # the seeds' test perplexities as logged
+    dots = [line for line in ax.lines if line.get_marker() == "o"]
+    means = sorted(line.get_xdata()[0] for line in dots if line.get_markerfacecolor() != "none")
+    assert means == pytest.approx(sorted(test + 0.75 for _, test, _ in DIRECT.values()))
+    assert [line.get_xdata()[0] for line in dots if line.get_markerfacecolor() == "none"] == [279]  # MLP5's
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "ours, MLP (mean over seeds)", "95% interval over texts", "one seed", "the paper's",
+    ]  # fmt: skip
+
+
+def test_every_committed_report_shows_only_figures_todays_code_draws() -> None:
+    """What `figures.draw` writes, and only that, is in reports/: each figure a PNG with its SVG beside it (the features
+    map, drawn when its run ended, a PNG alone), every image a page shows is there, no PNG is there that no page shows.
+    A figure drawn by older code (a PNG alone) fails here: its report is rebuilt from its store, or loses it."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "reports").rglob("*.md"))]
+    shown = set()
+    for page in pages:
+        for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            path = (page.parent / image).resolve()
+            assert path.is_file(), f"{page.relative_to(ROOT)} shows {image}, which is not there"
+            shown.add(path)
+    pngs = {path.resolve() for path in (ROOT / "reports").rglob("*.png")}
+    assert pngs - shown == set(), "figures no page shows: " + ", ".join(sorted(p.name for p in pngs - shown))
+    alone = {p.name for p in pngs if not p.with_suffix(".svg").is_file() and not p.stem.endswith("_features_map")}
+    assert alone == set(), f"PNGs without their SVG (drawn by older code): {', '.join(sorted(alone))}"

@@ -58,6 +58,26 @@ def test_a_key_that_some_jobs_refuse_stops_the_sweep_naming_them(tiny_brown_path
     assert not (tmp_path / "m.db").exists()
 
 
+@pytest.mark.slow  # two sweeps (about 7 s each)
+def test_a_value_or_a_corpus_that_a_job_would_refuse_stops_the_sweep_before_anything_is_written(
+    tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """Each job checks its values and its corpus before any work; a sweep now checks them for every job before the
+    store or the parent run exists. It created both, then every job failed with the same line."""
+    code, line, _ = sweep(tmp_path, tiny_brown_path, "experiment=mlp9", "model.h=0,8", "model.direct=false")
+    said = "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
+    assert (code, line) == (2, f"nplm-train: error: {said}, in 1 of 2 jobs: model.h=0 (nothing was run)")
+    missing = tmp_path / "nowhere" / "brown.zip"
+    store = f"tracking.uri=sqlite:///{tmp_path}/m.db"
+    result = run_script("nplm-train", "-m", "experiment=kn3", f"data.path={missing}", "seed=1,2", store, cwd=tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and last.startswith(
+        f"nplm-train: error: Brown corpus not found (looked in: {missing}"
+    )
+    assert last.endswith(", in all 2 jobs (nothing was run)"), last
+    assert not (tmp_path / "m.db").exists()  # no store, no parent run
+
+
 @pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_a_sweep_whose_report_cannot_be_written_at_its_end_fails(tiny_brown_path: Path, tmp_path: Path) -> None:
     """The report's directory passes the check when the sweep starts, and is a file when it ends: the job's own

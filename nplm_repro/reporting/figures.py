@@ -1,6 +1,7 @@
-"""The report's figures: every row's test perplexity, the claims pair by pair, validation perplexity per epoch of the
-trained MLPs, perplexity against each knob that takes two values or more (ours filled beside the paper's hollow), and
-the headline figures a study declares (studies.yaml `figures`: brown_sampled's pairs, brown_recipe's steps).
+"""The report's figures: the headline figures a study declares (studies.yaml `figures`: brown_sampled's pairs,
+brown_recipe's steps), every row's test perplexity, validation perplexity per epoch of the trained MLPs, the claims
+pair by pair, and perplexity against each knob its rows vary alone (ours filled beside the paper's hollow; only the
+knobs the study declares, studies.yaml `knobs`, where it does).
 
 Every figure function builds and returns a matplotlib Figure, or None when it has nothing to show; `save` is the one
 place that writes one, as PNG (for the README and the markdown report) and SVG beside it, same stem. The rules every
@@ -80,9 +81,17 @@ def figures(report: Report) -> list[tuple[str, Figure | bytes]]:
         (f"{study}_claims", claims_forest(report, (BETTER, EQUIVALENT))),
         (f"{study}_claims_epochs", claims_forest(report, (MORE,))),
         (f"{study}_features_map", report.learned.map_png if report.learned is not None else None),
-        *((f"{study}_{knob}", against_knob(report, knob)) for knob in (*COLUMNS, *report.extra)),
+        *((f"{study}_{knob}", against_knob(report, knob)) for knob in knobs(report)),
     ]
     return [(stem, figure) for stem, figure in found if figure is not None]
+
+
+def knobs(report: Report) -> list[str]:
+    """The knobs the report draws test perplexity against: those its study declares (studies.yaml `knobs`: a study
+    that asks one question draws no figure of another), else every column and extra key of its table."""
+    every = [*COLUMNS, *report.extra]
+    declared = study_spec(report.study).get("knobs")
+    return every if declared is None else [knob for knob in declared if knob in every]
 
 
 def draw(report: Report, directory: Path) -> list[str]:
@@ -266,33 +275,41 @@ def _wrap(text: str, width: int = LIMIT) -> str:
 
 
 def rows_figure(report: Report) -> Figure | None:
-    """Every finished row's test perplexity, one line each, MLPs first: ours filled with its 95% interval over texts,
-    the paper's hollow on the same line; None when no row has a number."""
+    """Every finished row's test perplexity, one line each, MLPs first: ours filled (the mean over seeds) with its
+    95% interval over texts and each seed's value as a small dot, the paper's hollow on the same line; None when no
+    row has a number."""
     table = report.table[report.table["status"] == "finished"].copy()
     if table.empty:
         return None
     table["_mlp"] = table["family"] != "mlp"
     table = table.sort_values("_mlp", kind="stable").reset_index(drop=True)
     labels = fit_labels(list(table["label"]))
-    figure = _figure(8, 1.3 + 0.3 * len(table))
+    figure = _figure(9, 1.3 + 0.3 * len(table))
     ax = figure.add_subplot()
     y = list(range(len(table), 0, -1))
+    shown: dict[str, Line2D] = {}
     for i, row in table.iterrows():
-        colour = "C0" if row["family"] == "mlp" else "C1"
+        colour, kind = ("C0", "MLP") if row["family"] == "mlp" else ("C1", "n-gram")
         low, high = row.get("test_low"), row.get("test_high")
         if present(low):
             ax.plot([low, high], [y[i], y[i]], color=colour, linewidth=2, alpha=0.6)
+            shown["95% interval over texts"] = Line2D([], [], color="0.5", linewidth=2, alpha=0.6)
+        by_seed = row.get("test_ppl_by_seed")
+        if isinstance(by_seed, tuple) and len(by_seed) > 1:
+            ax.plot(by_seed, [y[i] + 0.22] * len(by_seed), "|", color=colour, markersize=5, alpha=0.9)
+            shown["one seed"] = Line2D([], [], marker="|", ls="", color="0.3", markersize=5)
         ax.plot(row["test_ppl"], y[i], "o", color=colour, markersize=6)
+        shown[f"ours, {kind} (mean over seeds)"] = Line2D([], [], marker="o", ls="", color=colour)
         if present(row.get("paper_test_ppl")):
             ax.plot(row["paper_test_ppl"], y[i], "o", markerfacecolor="none", markeredgecolor="k", markersize=7)
+            shown["the paper's"] = Line2D([], [], marker="o", ls="", mfc="none", mec="k", markersize=7)
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_ylim(0.4, len(table) + 0.6)
-    ax.set_xlabel(
-        "test perplexity (filled: ours, mean over seeds; bar: 95% interval over texts; hollow: the paper's)",
-        fontsize=8,
-    )
-    ax.set_title(f"{report.study}: test perplexity per row (blue: MLPs, orange: n-grams)", fontsize=9)
+    ax.set_xlabel("test perplexity", fontsize=8)
+    ax.set_title(f"{report.study}: test perplexity per row, ours beside the paper's", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
+    order = sorted(shown, key=lambda k: (not k.startswith("ours"), k == "the paper's"))
+    ax.legend([shown[k] for k in order], order, **LEGEND)
     return figure
 
 

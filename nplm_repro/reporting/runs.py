@@ -244,6 +244,7 @@ def summarise(runs: pd.DataFrame) -> dict[str, object]:
         summary[f"{split}_ppl_std"] = values.std(ddof=1) if len(values) > 1 else np.nan
         summary[f"{split}_ppl_min"] = values.min() if len(values) else np.nan
         summary[f"{split}_ppl_max"] = values.max() if len(values) else np.nan
+        summary[f"{split}_ppl_by_seed"] = tuple(values)  # what the figures draw beside the mean
     for cost in ("epochs", "minutes", "fit_minutes"):
         summary[cost] = finished[cost].mean() if cost in finished and finished[cost].notna().any() else np.nan
     return summary

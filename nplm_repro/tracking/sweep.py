@@ -45,9 +45,10 @@ from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.utils import get_method
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from nplm_repro.checks import check_config, check_corpus
 from nplm_repro.cli import errors_exit
 from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrupts
 from nplm_repro.paths import check_report_dir
@@ -103,27 +104,30 @@ NAMED = 5  # jobs named in a refusal, then how many more
 
 
 def compose_jobs(config: DictConfig) -> None:
-    """Compose every job as its launcher will, before the store or the parent run is touched: a key that only some
-    rows have (`-m experiment=kn3,mlp9 model.h=16`: an n-gram has no h) is one line naming the jobs that refuse
-    it. Jobs whose overrides differ only in values of plain keys (seed=1,2) compose alike, so one of each kind is
-    composed. Only the basic sweeper's jobs are known beforehand (Optuna draws a search's trials as it goes)."""
+    """Compose every job as its launcher will, and check its values as the job will (`check_config`; `check_corpus`:
+    the corpus is there), before the store or the parent run is touched: a key that only some rows have (`-m
+    experiment=kn3,mlp9 model.h=16`: an n-gram has no h) or a `data.path` that is not there is one line naming the
+    jobs that refuse it. Jobs that differ only in their seed compose and check alike, so one of them is composed.
+    Only the basic sweeper's jobs are known beforehand (Optuna draws a search's trials as it goes)."""
     if config.hydra.sweeper._target_ != BASIC_SWEEPER:
         return
     loader = GlobalHydra.instance().config_loader()
     every = jobs(config)
-    keys = {o.split("=", 1)[0] for job in every for o in job}
-    groups = {k for k in keys if loader.get_group_options(k.lstrip("+~").split("@")[0])}  # experiment, model, ...
-    composed: dict[tuple[str, ...], str | None] = {}  # a kind of job -> why it does not compose, or None
+    checked: dict[tuple[str, ...], str | None] = {}  # a job less its seed -> why it is refused, or None
     refused: dict[str, list[str]] = {}  # why -> the jobs, each by the overrides that tell it from the others
     for job in every:
-        kind = tuple(o if o.split("=", 1)[0] in groups else o.split("=", 1)[0] for o in job)
-        if kind not in composed:
+        kind = tuple(o for o in job if o.split("=", 1)[0].lstrip("+~") != "seed")
+        if kind not in checked:
             try:
-                loader.load_sweep_config(config, list(job))
-                composed[kind] = None
-            except (HydraException, OmegaConfBaseException) as error:
-                composed[kind] = one_line(error)
-        if (why := composed[kind]) is not None:
+                composed = loader.load_sweep_config(config, list(job))
+                with open_dict(composed):
+                    del composed["hydra"]  # as Hydra hands a job its config
+                check_config(composed)
+                check_corpus(composed.data)
+                checked[kind] = None
+            except (HydraException, OmegaConfBaseException, NplmError) as error:
+                checked[kind] = one_line(error)
+        if (why := checked[kind]) is not None:
             own = [o for o in job if any(o not in other for other in every)]
             refused.setdefault(why, []).append(" ".join(own) or "its only job")
     if refused:
