@@ -26,7 +26,7 @@ from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting import render, tables
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, PARTLY, check_claims
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.notes import Context, sampled_vs_exact
+from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exact
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import Report, build
 from nplm_repro.tracking import ledger
@@ -881,3 +881,28 @@ def test_a_knob_figure_only_compares_rows_that_differ_in_that_knob_alone(tmp_pat
     assert not against_knob(report, "direct", tmp_path / "direct.png") and not (tmp_path / "direct.png").exists()
     assert not against_knob(report, "h", tmp_path / "h.png")
     assert against_knob(report, "n", tmp_path / "n.png") and (tmp_path / "n.png").stat().st_size > 0
+
+
+def test_the_total_time_counts_the_mlp_a_mixed_row_mixes_when_it_is_no_row_itself() -> None:
+    """ap_table2's MLP10 mixes an MLP that Table 2 has no row for: its run is not shown, and the study's total time
+    said 3 s for a study that trained that MLP for a minute and a half."""
+    table = pd.DataFrame(
+        [
+            {"label": "MLP10", "status": "finished", "run_ids": "mixed", "seeds": 1},
+            {"label": "Del. Int.", "status": "finished", "run_ids": "ngram", "seeds": 1},
+        ]
+    )
+    run = {"threads": 1.0, "cpu": "a CPU", "versions": "torch", "adopted_from": "", "base_run_id": ""}
+    runs = pd.DataFrame(
+        [
+            run | {"run_id": "mixed", "minutes": 0.01, "base_run_id": "mlp"},
+            run | {"run_id": "ngram", "minutes": 0.02},
+            run | {"run_id": "mlp", "minutes": 1.5},
+            run | {"run_id": "elsewhere", "minutes": 60.0},  # a run of the study no row shows nor mixes
+        ]
+    )
+    (line,) = [line for line in reproducibility(table, runs, Evidence({}, {}), []) if line.startswith("Wall time")]
+    assert line == (
+        "Wall time per run, mean over seeds: MLP10 1 s, Del. Int. 1 s. Total 1.5 min of wall time; 1.5 min of CPU "
+        "time (wall time x torch threads), with the 1 MLP run the mixed rows mix."
+    )
