@@ -68,7 +68,7 @@ def generate(scorer: RunScorer, args: argparse.Namespace) -> str:
     vocab = scorer.corpus.vocab
     prompt = scorer.words(args.prompt)
     never = (vocab.index(UNK),) if args.no_unk else ()
-    drawn = continue_ids(scorer.mlp(), prompt, args.words, args.temperature, args.seed, vocab.index(END_OF_TEXT), never)
+    drawn = continue_ids(scorer.model(), prompt, args.words, args.temperature, args.seed, vocab.index(END_OF_TEXT), never)
     shown = " ".join(vocab[i] for i in prompt) + " | " + " ".join(vocab[i] for i in drawn)
     how = f"temperature {args.temperature:g}, seed {args.seed}" if args.temperature else "most probable words"
     return f"run {scorer.run_id[:12]} ({scorer.name}), {args.words} words, {how}:\n{shown.strip()}"
@@ -77,8 +77,8 @@ def generate(scorer: RunScorer, args: argparse.Namespace) -> str:
 def neighbours(scorer: RunScorer, args: argparse.Namespace) -> str:
     vocab = scorer.corpus.vocab
     ids = scorer.words(" ".join(args.words))
-    found = nearest(scorer.mlp().model.C.detach(), ids, args.k)
-    lines = [f"run {scorer.run_id[:12]} ({scorer.name}), {args.k} nearest words by cosine similarity of C:"]
+    found = nearest(scorer.model().word_features(), ids, args.k)
+    lines = [f"run {scorer.run_id[:12]} ({scorer.name}), {args.k} nearest words by cosine similarity of the word features:"]
     for word, near in zip(args.words, found):
         lines.append(f"{word}: " + ", ".join(f"{vocab[i]} {s:.2f}" for i, s in near))
     return "\n".join(lines)
@@ -86,7 +86,7 @@ def neighbours(scorer: RunScorer, args: argparse.Namespace) -> str:
 
 def features(scorer: RunScorer, log: bool) -> str:
     """The probe words' neighbours and the paper's sentences; with `log`, all of features/ attached to the run."""
-    module = scorer.mlp()
+    module = scorer.model()
     if log:
         log_features(scorer.client, scorer.run_id, module, scorer.corpus, scorer.name)
     lines = [*tracked.neighbours(module, scorer.corpus), *tracked.sentences(module, scorer.corpus)]
@@ -100,8 +100,8 @@ def _main() -> None:
     existing_store(args.tracking_uri)
     run_id = args.run_id or find_row(args.tracking_uri, args.experiment, args.study, args.row, args.run_seed)
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
-    if scorer.kind != "mlp":
-        raise NplmError(f"run {run_id} is a {scorer.kind} run: generate and neighbours ask an MLP (eq. 1) itself")
+    if scorer.kind != "trained":
+        raise NplmError(f"run {run_id} is a {scorer.kind} run: generate and neighbours ask a trained model itself")
     if args.command == "features":
         print(features(scorer, args.log))
         return

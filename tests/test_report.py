@@ -133,7 +133,7 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     assert set(missing["status"]) == {"missing"} and missing["valid_ppl"].isna().all()
 
     md = (out / f"{study}.md").read_text()
-    recipe = next(line for line in md.splitlines() if line.startswith("Training recipe of the MLP rows"))
+    recipe = next(line for line in md.splitlines() if line.startswith("Training recipe of the trained rows"))
     assert "optim.lr=0.005" in recipe and "optim.batch_size=256" in recipe and "exact softmax" in recipe
     mlp5 = ours["MLP5 n=5"]
     cells = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| MLP5 ")).split("|")]

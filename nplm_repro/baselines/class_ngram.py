@@ -47,6 +47,7 @@ class ClassBackoff(NgramModel):
     """
 
     family = "class_based"
+    label = "class-based back-off"
 
     def __init__(
         self,

@@ -10,6 +10,9 @@ arithmetic on its kept score of every validation and test token (nplm_repro/scor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
@@ -19,9 +22,9 @@ from nplm_repro.baselines.ngram import DeletedInterpolation, split_windows
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.perplexity import perplexity_of
+from nplm_repro.rules import MIX_MODES, Rule, one_of
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
-MIX_MODES = ("none", "fixed", "learned", "context")
 
 
 class TrigramMixture:
@@ -87,6 +90,105 @@ def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: Logger, mlp: Score
         metrics[f"{split}_ppl"] = perplexity_of(mixed)
         metrics[f"mlp_{split}_ppl"] = perplexity_of(probs)
         metrics[f"{split}_tokens"] = float(len(probs))
+        kept[split] = np.log(mixed)
+    logger.log_hyperparams({f"mix.{k}": v for k, v in mixture.describe().items()})
+    logger.log_metrics(metrics)
+    return metrics, Scores.of(corpus.text_names(), kept, {s: corpus.text_ids(s) for s in kept})
+
+
+class Mixture:
+    """`model=mixture`: any finished rows of the same study mixed, P = sum_k lambda_k(q_t) P_k, by their kept scores.
+
+    `components` names rows (their tag `row`: LSTM, MLP9, Del. Int.); the ledger finds each one's finished run of
+    this study, seed and data (tracking/ledger.py `component_runs`). `mode`: `fixed` (equal weights), `learned`
+    (one weight per component, EM on validation) or `context` (one set per context-frequency bin of the
+    interpolated trigram, as MLP + trigram mixes). Pure arithmetic on kept scores: no model is run.
+    """
+
+    family = "mixture"
+    label = "mixture"
+    colour = "C4"
+    trained = False
+
+    @classmethod
+    def rules(cls, cfg: Any) -> dict[str, Rule]:
+        components: Rule = (
+            lambda v: isinstance(v, Sequence) and not isinstance(v, str) and len(v) >= 2 and len(set(v)) == len(v)
+            and all(isinstance(x, str) and x.strip() for x in v),
+            "a list of at least two different row names",
+        )
+        return {"model.components": components, "model.mode": one_of(*MIX_MODES[1:])}
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """Nothing across keys: its components are found when it runs."""
+
+    @classmethod
+    def mixes(cls, cfg: Any) -> bool:
+        return True
+
+    def __init__(self, components: Sequence[str], mode: str) -> None:
+        self.components, self.mode = list(components), mode
+        self.fit_result: MixtureFit | None = None
+
+    def fit(self, valid: np.ndarray, bins: np.ndarray | None, n_bins: int) -> Mixture:
+        """`valid`: [tokens, K] each component's P of every validation token; `bins` their context bins (context)."""
+        k = valid.shape[1]
+        if self.mode == "fixed":
+            self.weights = np.full((1, k), 1.0 / k)
+            return self
+        self.fit_result = fit_mixture(valid, bins if self.mode == "context" else None, n_bins if bins is not None else 1)
+        self.weights = self.fit_result.weights
+        return self
+
+    def probs(self, probs: np.ndarray, bins: np.ndarray | None) -> np.ndarray:
+        return mixture_probs(probs, self.weights, bins if self.mode == "context" else None)
+
+    def describe(self) -> dict[str, object]:
+        """Each component's weight (the mean over bins, weighted by their validation tokens, in `context` mode)."""
+        info: dict[str, object] = {"mode": self.mode}
+        if self.fit_result is not None:
+            info |= {"em.iterations": self.fit_result.iterations, "em.converged": bool(self.fit_result.converged)}
+            counts = self.fit_result.tokens_per_bin
+            mean = (self.weights * counts[:, None]).sum(0) / max(counts.sum(), 1)
+        else:
+            mean = self.weights[0]
+        return info | {f"lambda.{name}": round(float(w), 4) for name, w in zip(self.components, mean)}
+
+
+def context_bins(corpus: Corpus, splits: Sequence[str]) -> tuple[dict[str, np.ndarray], int]:
+    """The interpolated trigram's context-frequency bin of every token of each split, and how many bins there are."""
+    trigram = DeletedInterpolation().fit(corpus)
+    return {s: trigram.window_bins(split_windows(corpus, s, trigram.order)) for s in splits}, trigram.n_bins
+
+
+def mix_runs(
+    cfg: DictConfig, corpus: Corpus, logger: Logger, components: list[Scores]
+) -> tuple[dict[str, float], Scores]:
+    """Mix the components' kept scores of valid and test (in `cfg.model.components` order); returns the metrics and
+    the mixed row's own kept scores."""
+    names = list(cfg.model.components)
+    for name, scores in zip(names, components):
+        for split in KEPT_SPLITS:
+            found = scores.splits[split].tokens if split in scores.splits else 0
+            if found != corpus.size(split):
+                raise NplmError(
+                    f"the kept scores of component {name} have {found:,} {split} tokens, the corpus "
+                    f"{corpus.size(split):,}: they are of other data"
+                )
+    probs = {
+        s: np.column_stack([np.exp(c.splits[s].logprob.astype(np.float64)) for c in components]) for s in KEPT_SPLITS
+    }
+    bins, n_bins = context_bins(corpus, KEPT_SPLITS) if cfg.model.mode == "context" else ({}, 1)
+    mixture = Mixture(names, cfg.model.mode).fit(probs["valid"], bins.get("valid"), n_bins)
+    metrics: dict[str, float] = {}
+    kept = {}
+    for split, p in probs.items():
+        mixed = mixture.probs(p, bins.get(split))
+        metrics[f"{split}_ppl"] = perplexity_of(mixed)
+        metrics[f"{split}_tokens"] = float(len(mixed))
+        for k, name in enumerate(names):
+            metrics[f"component_{k + 1}_{split}_ppl"] = perplexity_of(p[:, k])
         kept[split] = np.log(mixed)
     logger.log_hyperparams({f"mix.{k}": v for k, v in mixture.describe().items()})
     logger.log_metrics(metrics)

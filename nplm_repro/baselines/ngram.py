@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,7 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import windows
 from nplm_repro.errors import NplmError
 from nplm_repro.perplexity import perplexity_of
+from nplm_repro.rules import Rule, at_least
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
 # ngram-count's defaults -gt1min 1 -gt2min 1 -gt3min 2 (and 2 for every higher order): with -kndiscount
@@ -108,7 +110,23 @@ class NgramModel:
 
     order: int
     family: str  # its name in run keys and reports (nplm_repro.tracking.keys)
+    label: str  # its name for people (reports)
+    colour = "C1"  # its colour in the reports' figures (matplotlib's cycle)
+    trained = False  # counted, not trained: no weights, no Model
     fingerprint: str | None = None
+
+    @classmethod
+    def rules(cls, cfg: Any) -> dict[str, Rule]:
+        """The values of its keys that make sense (checks.check_config applies them)."""
+        return {"model.n": at_least(2)}
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """What its values must satisfy together (none beyond each key's rule)."""
+
+    @classmethod
+    def mixes(cls, cfg: Any) -> bool:
+        return False
 
     def fit(self, corpus: Corpus) -> NgramModel:
         raise NotImplementedError
@@ -155,6 +173,7 @@ class DeletedInterpolation(NgramModel):
     """
 
     family = "deleted_interpolation"
+    label = "Del. Int."
 
     order = 3
 
@@ -264,6 +283,7 @@ class KneserNey(NgramModel):
     """
 
     family = "kneser_ney"
+    label = "Kneser-Ney back-off"
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning as L
@@ -32,16 +32,211 @@ import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from torch.nn import functional as F
 
+from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
-from nplm_repro.data.windows import WindowBatches
+from nplm_repro.data.streams import StreamBatches
+from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
+from nplm_repro.models.features import FEATURES, lsi_features
+from nplm_repro.models.precision import PRECISIONS
 from nplm_repro.models.nplm import NPLM
-from nplm_repro.models.sampled_loss import Proposal, SparseSGD, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS, Proposal, SparseSGD, sampled_cross_entropy
+from nplm_repro.rules import MIX_MODES, Rule, at_least, flag, number, one_of, optional
 
 
-class NPLMModule(L.LightningModule):
+_limit: Rule = (lambda v: type(v) is int and (v == -1 or v >= 1), "an integer >= 1, or -1 for no limit")
+TRAINING: dict[str, Rule] = {
+    "optim.lr": number(0, low_open=True),
+    "optim.weight_decay": number(0),
+    "optim.batch_size": at_least(1),
+    "optim.output": one_of("exact", "sampled"),
+    "optim.plateau_factor": optional(number(0, 1, low_open=True, high_open=True)),
+    "trainer.precision": one_of("auto", *PRECISIONS),  # bf16-mixed: products in bfloat16, eval float32
+    # 0 would train nothing and score the initial weights as if they were a model; -1 is Lightning's "no limit"
+    "trainer.max_epochs": optional(_limit),
+    "trainer.max_steps": optional(_limit),
+    # ddp_spawn keeps the job (its MLflow run, its lock) in this process; ddp would re-run the whole command
+    "trainer.strategy": one_of("auto", "ddp_spawn"),
+}
+SAMPLED: dict[str, Rule] = {
+    "optim.samples": at_least(1),
+    "optim.proposal": one_of(*PROPOSALS),
+    "optim.estimator": one_of(*ESTIMATORS),
+    # sampled training computes in float32: bf16-mixed would be recorded but not used
+    "trainer.precision": one_of("auto", "32-true"),
+    "trainer.devices": one_of(1),  # its sparse gradients are not tried under DDP
+}
+
+
+class LanguageModule(L.LightningModule):
+    """What every trained family's LightningModule shares, and what its callers ask of it.
+
+    Shared: exact evaluation (every token of a split once, the float32 softmax, per-token terms summed in float64),
+    the training loss's bookkeeping and tokens/s. Asked, so that no caller names a family: `batches` (what the
+    model reads of a split), `next_logprobs` (the next word's distribution after contexts, for generation and the
+    MLflow Model), `context_needed` and `word_features` (the input embedding, for the features artifacts).
+    A subclass defines `training_step`, `_token_nll` and those four.
+    """
+
+    family = ""  # its name in run keys and reports (nplm_repro.tracking.keys)
+    label = ""  # its name for people: reports, the features artifacts
+    colour = "C0"  # its colour in the reports' figures (matplotlib's cycle)
+    trained = True  # by Lightning, with weights and a Model (an n-gram is counted)
+    evaluated = SPLITS  # the splits a run scores at its end (a slow scorer leaves out train, which no report needs)
+    optim: dict[str, Any]
+    _slots: list[int] | None = None
+
+    def score_as(self, splits: Sequence[str]) -> None:
+        """`Trainer.test`'s dataloader i is split `splits[i]` (its perplexity is logged under that name)."""
+        self._slots = [SPLITS.index(s) for s in splits]
+
+    @classmethod
+    def rules(cls, cfg: Any) -> dict[str, Rule]:
+        """The values of the keys this family reads that make sense (checks.check_config applies them)."""
+        rules = dict(TRAINING)
+        if cfg.optim.get("output") == "sampled":
+            rules |= SAMPLED
+        return rules
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """What its values must satisfy together, beyond each key's rule: raise NplmError in one line."""
+
+    @classmethod
+    def mixes(cls, cfg: Any) -> bool:
+        """Whether the row mixes this model with the trigram (`model.mix`, eq. (1)'s rows only) instead of training."""
+        return cfg.model.get("mix", "none") != "none"
+
+    def batches(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> Any:
+        raise NotImplementedError
+
+    def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
+        """log P(next word | context), [len(contexts), |V|], float32; each context is ids in reading order."""
+        raise NotImplementedError
+
+    @property
+    def context_needed(self) -> int:
+        """How many tokens of context a question needs at least."""
+        return 1
+
+    def word_features(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _token_nll(self, batch: Any) -> torch.Tensor:
+        """-ln P of the batch's scored tokens, in the split's order, float32 from the exact softmax."""
+        raise NotImplementedError
+
+    def _count(self, loss: torch.Tensor, tokens: int, batch_idx: int) -> None:
+        # Logged by hand, not by self.log(on_step, on_epoch) on every batch: that costs about 4% of a step.
+        self._seen += tokens
+        self._loss_sum += loss.detach() * tokens
+        if batch_idx % self.trainer.log_every_n_steps == 0:  # not every step: a GPU would wait for the check
+            self._check_finite(loss)
+            self.log("train_loss_step", loss)
+
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        if not torch.isfinite(loss):
+            raise NplmError(
+                f"training loss is {loss.item()} at epoch {self.current_epoch}, step {self.global_step}: "
+                "the model diverged (try a smaller optim.lr)"
+            )
+
+    def on_train_epoch_start(self) -> None:
+        batches = self.trainer.train_dataloader
+        if hasattr(batches, "set_epoch"):  # epoch k's shuffle, also after a resume
+            batches.set_epoch(self.current_epoch)
+        self._on_device(batches)
+        self._seen, self._epoch_start = 0, time.perf_counter()
+        self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def _on_device(self, loaders: object) -> None:
+        """Move the batches' tokens to this module's device (a GPU) once, so no batch is copied from the host."""
+        for batches in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+            if isinstance(batches, (WindowBatches, StreamBatches)):
+                batches.to(self.device)
+
+    def tokens_per_s(self) -> float:
+        """Training tokens per second so far in this epoch."""
+        return self._seen / max(time.perf_counter() - self._epoch_start, 1e-9)
+
+    def on_train_epoch_end(self) -> None:
+        self._check_finite(self._loss_sum)
+        self.log("train_loss_epoch", self._loss_sum / max(self._seen, 1))
+        self.log("train_tokens_per_s", self.tokens_per_s())
+
+    # Exact perplexity: validation_step scores the valid split each epoch; test_step scores any split,
+    # dataloader i being SPLITS[i] (train, valid, test), for the reported checkpoint.
+    @contextlib.contextmanager
+    def _float32(self) -> Iterator[None]:
+        """Evaluate in float32 even when training runs under bf16 autocast."""
+        with torch.autocast(self.device.type, enabled=False):
+            yield
+
+    def _accumulate(self, batch: Any, slot: int) -> torch.Tensor:
+        with self._float32():
+            nll = self._token_nll(batch)
+        self._nll[slot] += nll.double().sum()  # on the device: no wait for it per batch
+        self._tokens[slot] += len(nll)
+        return nll.detach()
+
+    def _perplexity(self, slot: int) -> torch.Tensor:
+        """A float64 tensor: a Python float would be logged as float32."""
+        return torch.exp(self._nll[slot] / self._tokens[slot])
+
+    def _reset(self) -> None:
+        """New tensors, not zeroed ones: DDP's spawned processes would share the pickled ones' memory."""
+        self._nll = torch.zeros(len(SPLITS), dtype=torch.float64, device=self.device)
+        self._tokens = torch.zeros(len(SPLITS), dtype=torch.int64, device=self.device)
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset()
+        self._on_device(self.trainer.val_dataloaders)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._accumulate(batch, SPLITS.index("valid"))
+
+    def on_validation_epoch_end(self) -> None:
+        # sync_dist: under DDP every process scores the whole split, so the mean of theirs is that number
+        self.log("valid_ppl_epoch", self._perplexity(SPLITS.index("valid")), prog_bar=True, sync_dist=True)
+
+    def on_test_epoch_start(self) -> None:
+        self._reset()
+        self._on_device(self.trainer.test_dataloaders)
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        """Adds the batch to its split's perplexity; returns each token's -ln P, which `KeptScores` keeps."""
+        return self._accumulate(batch, self._slots[dataloader_idx] if self._slots else dataloader_idx)
+
+    def on_test_epoch_end(self) -> None:
+        for slot, split in enumerate(SPLITS):
+            if self._tokens[slot]:
+                self.log(f"{split}_ppl", self._perplexity(slot), sync_dist=True)
+                self.log(f"{split}_tokens", self._tokens[slot].double(), sync_dist=True)
+
+
+class NPLMModule(LanguageModule):
     family = "mlp"  # its name in run keys and reports (nplm_repro.tracking.keys)
+    label = "MLP"
+
+    @classmethod
+    def rules(cls, cfg: Any) -> dict[str, Rule]:
+        return super().rules(cfg) | {
+            "model.n": at_least(2),
+            "model.m": at_least(1),
+            "model.h": at_least(0),
+            "model.direct": flag(),
+            "model.mix": one_of(*MIX_MODES),
+            "model.features": one_of(*FEATURES),
+            "optim.recipe": one_of("paper", "fast"),
+            # the recipes' rate schedules, each on when set (`schedules`); torch drops only by a factor < 1
+            "optim.decay_rate": optional(number(0)),
+        }
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        if cfg.model.h == 0 and not cfg.model.direct:
+            raise NplmError("model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)")
 
     def __init__(
         self,
@@ -67,10 +262,38 @@ class NPLMModule(L.LightningModule):
         self.proposal: Proposal | None = None  # sampled training's, built from the training windows
         self._reset()
 
+    @classmethod
+    def build(cls, cfg: Any, corpus: Corpus) -> NPLMModule:
+        """Eq. (1) for `cfg.model` on `corpus`'s vocabulary. With model.features=fixed_lsi, C starts from the training
+        split's co-occurrence counts within n-1 words, reduced to m principal directions (models/features.py)."""
+        architecture = {k: v for k, v in cfg.model.items() if k not in ("mix", "_target_")}
+        lsi = None
+        if architecture.get("features", "learned") == "fixed_lsi":
+            start, end = corpus.bounds["train"]
+            lsi = lsi_features(corpus.ids[start:end].numpy(), corpus.vocab_size, cfg.model.n - 1, cfg.model.m, cfg.seed)
+        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, **architecture)
+
     def forward(self, context: torch.Tensor) -> torch.Tensor:
         """Log-probabilities log P(w | context), [batch, |V|], from float32 logits."""
         with self._float32():
             return F.log_softmax(self.model(context), dim=-1)
+
+    def batches(
+        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
+    ) -> WindowBatches:
+        """Eq. (1) reads windows of n words (data/windows.py)."""
+        return loader(corpus, split, self.model.n, batch_size, shuffle=shuffle, seed=seed)
+
+    def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
+        need = self.context_needed
+        return self(torch.tensor([ids[-need:][::-1] for ids in contexts], dtype=torch.int64))  # w_{t-1} first
+
+    @property
+    def context_needed(self) -> int:
+        return self.model.n - 1
+
+    def word_features(self) -> torch.Tensor:
+        return self.model.C.detach()
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         context, target = batch
@@ -84,21 +307,9 @@ class NPLMModule(L.LightningModule):
             loss = bf16_cross_entropy(self.model.output_terms(context), self.model.b, target)
         else:
             loss = F.cross_entropy(self.model(context), target)
-        # Logged by hand, not by self.log(on_step, on_epoch) on every batch: that costs about 4% of a step.
-        self._seen += len(target)
-        self._loss_sum += loss.detach() * len(target)
-        if batch_idx % self.trainer.log_every_n_steps == 0:  # not every step: a GPU would wait for the check
-            self._check_finite(loss)
-            self.log("train_loss_step", loss)
+        self._count(loss, len(target), batch_idx)
         # The step is lr x batch_size words of mean loss: a short last batch of k words weighs k, not batch_size
         return loss if len(target) == self.optim["batch_size"] else loss * (len(target) / self.optim["batch_size"])
-
-    def _check_finite(self, loss: torch.Tensor) -> None:
-        if not torch.isfinite(loss):
-            raise NplmError(
-                f"training loss is {loss.item()} at epoch {self.current_epoch}, step {self.global_step}: "
-                "the model diverged (try a smaller optim.lr)"
-            )
 
     def on_train_start(self) -> None:
         """Sampled training draws from a proposal counted on the training windows (each target, its w_{t-1})."""
@@ -108,81 +319,9 @@ class NPLMModule(L.LightningModule):
             self.proposal = Proposal(rows[:, -2], rows[:, -1], self.model.b.numel(), self.optim["proposal"])
             self.proposal.to(self.device)
 
-    def on_train_epoch_start(self) -> None:
-        if isinstance(self.trainer.train_dataloader, WindowBatches):  # epoch k's shuffle, also after a resume
-            self.trainer.train_dataloader.set_epoch(self.current_epoch)
-        self._windows_on_device(self.trainer.train_dataloader)
-        self._seen, self._epoch_start = 0, time.perf_counter()
-        self._loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-
-    def _windows_on_device(self, loaders: object) -> None:
-        """Move the windows to this module's device (a GPU) once, so no batch is copied from the host."""
-        for batches in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
-            if isinstance(batches, WindowBatches):
-                batches.to(self.device)
-
-    def tokens_per_s(self) -> float:
-        """Training tokens per second so far in this epoch."""
-        return self._seen / max(time.perf_counter() - self._epoch_start, 1e-9)
-
-    def on_train_epoch_end(self) -> None:
-        self._check_finite(self._loss_sum)
-        self.log("train_loss_epoch", self._loss_sum / max(self._seen, 1))
-        self.log("train_tokens_per_s", self.tokens_per_s())
-
-    # Exact perplexity: validation_step scores the valid split each epoch; test_step scores any split,
-    # dataloader i being SPLITS[i] (train, valid, test), for the reported checkpoint.
-    @contextlib.contextmanager
-    def _float32(self) -> Iterator[None]:
-        """Evaluate in float32 even when training runs under bf16 autocast."""
-        with torch.autocast(self.device.type, enabled=False):
-            yield
-
-    def _token_nll(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        with self._float32():
-            return F.cross_entropy(self.model(context), target, reduction="none")
-
-    def _accumulate(self, batch: tuple[torch.Tensor, torch.Tensor], slot: int) -> torch.Tensor:
-        nll = self._token_nll(*batch)
-        self._nll[slot] += nll.double().sum()  # on the device: no wait for it per batch
-        self._tokens[slot] += len(nll)
-        return nll.detach()
-
-    def _perplexity(self, slot: int) -> torch.Tensor:
-        """A float64 tensor: a Python float would be logged as float32."""
-        return torch.exp(self._nll[slot] / self._tokens[slot])
-
-    def _reset(self) -> None:
-        """New tensors, not zeroed ones: DDP's spawned processes would share the pickled ones' memory."""
-        self._nll = torch.zeros(len(SPLITS), dtype=torch.float64, device=self.device)
-        self._tokens = torch.zeros(len(SPLITS), dtype=torch.int64, device=self.device)
-
-    def on_validation_epoch_start(self) -> None:
-        self._reset()
-        self._windows_on_device(self.trainer.val_dataloaders)
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._accumulate(batch, SPLITS.index("valid"))
-
-    def on_validation_epoch_end(self) -> None:
-        # sync_dist: under DDP every process scores the whole split, so the mean of theirs is that number
-        self.log("valid_ppl_epoch", self._perplexity(SPLITS.index("valid")), prog_bar=True, sync_dist=True)
-
-    def on_test_epoch_start(self) -> None:
-        self._reset()
-        self._windows_on_device(self.trainer.test_dataloaders)
-
-    def test_step(
-        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
-    ) -> torch.Tensor:
-        """Adds the batch to its split's perplexity; returns each token's -ln P, which `KeptScores` keeps."""
-        return self._accumulate(batch, dataloader_idx)
-
-    def on_test_epoch_end(self) -> None:
-        for slot, split in enumerate(SPLITS):
-            if self._tokens[slot]:
-                self.log(f"{split}_ppl", self._perplexity(slot), sync_dist=True)
-                self.log(f"{split}_tokens", self._tokens[slot].double(), sync_dist=True)
+    def _token_nll(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        context, target = batch
+        return F.cross_entropy(self.model(context), target, reduction="none")
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim
@@ -232,7 +371,7 @@ class ProgressBar(TQDMProgressBar):
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
         items = {k: f"{v:.1f}" if "ppl" in k and isinstance(v, float) else v for k, v in items.items()}
-        if trainer.training and isinstance(pl_module, NPLMModule):
+        if trainer.training and isinstance(pl_module, LanguageModule):
             items["tok/s"] = f"{pl_module.tokens_per_s():,.0f}"
         return items
 

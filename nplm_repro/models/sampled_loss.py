@@ -80,15 +80,20 @@ class Proposal:
 
 
 def _outputs(
-    terms: list[tuple[torch.Tensor, torch.Tensor]], b: torch.Tensor, target: torch.Tensor, words: torch.Tensor
+    terms: list[tuple[torch.Tensor, torch.Tensor]],
+    b: torch.Tensor,
+    target: torch.Tensor,
+    words: torch.Tensor,
+    sparse: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """y_t of each row's own target [B], and y at `words` for every row [B, len(words)], from the output layer's
-    rows of those words only. Their gradients are sparse: only these rows, for SparseSGD to update in place."""
+    rows of those words only. Their gradients are sparse (only these rows, for SparseSGD to update in place) unless
+    `sparse` is off: an output matrix tied to the input embedding gets a dense gradient from both."""
     rows = torch.cat([target, words])
     y = b[rows]
     y_t, y_s = y[: len(target)], y[len(target) :].expand(len(target), -1)
     for inputs, weight in terms:
-        gathered = F.embedding(rows, weight, sparse=True)
+        gathered = F.embedding(rows, weight, sparse=sparse)
         y_t = y_t + (inputs * gathered[: len(target)]).sum(1)
         y_s = torch.addmm(y_s, inputs, gathered[len(target) :].T)
     return y_t, y_s
@@ -101,12 +106,13 @@ def sampled_cross_entropy(
     q: torch.Tensor,
     samples: int,
     estimator: str = "importance",
+    sparse: bool = True,
 ) -> torch.Tensor:
     """The batch-mean loss whose gradient estimates that of cross-entropy of softmax(b + sum input @ weight.T),
-    from `samples` words drawn from q [|V|] (with replacement) and shared by the batch."""
+    from `samples` words drawn from q [|V|] (with replacement) and shared by the batch; `sparse`: see `_outputs`."""
     words, drawn = torch.unique(torch.multinomial(q, samples, replacement=True), return_counts=True)
     log_q = q[words].log()
-    y_t, y_s = _outputs(terms, b, target, words)
+    y_t, y_s = _outputs(terms, b, target, words, sparse)
     if estimator == "importance":
         log_z = torch.logsumexp(y_s - log_q + drawn.log(), 1) - math.log(samples)  # log of (1/k) sum_j r_j
         return (log_z - y_t).mean()

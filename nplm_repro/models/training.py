@@ -1,4 +1,4 @@
-"""Training eq. (1) with Lightning, and its score of every token of a split (the run's kept scores, nplm-score)."""
+"""Training a LightningModule family (eq. (1), the LSTM, the Transformer) with Lightning, and its score of every token of a split (the run's kept scores, nplm-score)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
-from nplm_repro.data.windows import loader
-from nplm_repro.models.features import lsi_features
-from nplm_repro.models.lightning_module import KeptScores, NPLMModule
+from nplm_repro.models.lightning_module import KeptScores, LanguageModule
 from nplm_repro.progress import report_status
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
@@ -60,15 +58,9 @@ def fit_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
-def build_module(cfg: DictConfig, corpus: Corpus) -> NPLMModule:
-    """Eq. (1) for `cfg.model` on `corpus`'s vocabulary. With model.features=fixed_lsi, C starts from the training
-    split's co-occurrence counts within n-1 words, reduced to m principal directions (models/features.py)."""
-    architecture = {k: v for k, v in cfg.model.items() if k != "mix"}
-    lsi = None
-    if architecture.get("features", "learned") == "fixed_lsi":
-        start, end = corpus.bounds["train"]
-        lsi = lsi_features(corpus.ids[start:end].numpy(), corpus.vocab_size, cfg.model.n - 1, cfg.model.m, cfg.seed)
-    return instantiate(architecture, vocab_size=corpus.vocab_size, optim=cfg.optim, lsi=lsi, _convert_="all")
+def build_module(cfg: DictConfig, corpus: Corpus) -> LanguageModule:
+    """The LightningModule `cfg.model` names, for `corpus`'s vocabulary (its class's `build`)."""
+    return get_class(cfg.model._target_).build(cfg, corpus)
 
 
 def best_checkpoint(cfg: DictConfig) -> Path | None:
@@ -91,14 +83,14 @@ def train_neural(
     """Train eq. (1) (or continue from checkpoint `resume_from`), keep the best-validation checkpoint (`best_checkpoint`;
     the ledger logs it as the run's Model), score every split with it (the weights as they are when no validation ran: a run stopped by max_steps before its first);
     returns the metrics and the kept scores of valid and test, from that one evaluation."""
-    n, eval_batch = cfg.model.n, cfg.data.eval_batch_size
+    eval_batch = cfg.data.eval_batch_size
     module = build_module(cfg, corpus)
     keep = KeptScores()
     trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=[*fit_callbacks(cfg), keep])
     trainer.fit(
         module,
-        train_dataloaders=loader(corpus, "train", n, cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
-        val_dataloaders=loader(corpus, "valid", n, eval_batch),
+        train_dataloaders=module.batches(corpus, "train", cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
+        val_dataloaders=module.batches(corpus, "valid", eval_batch),
         ckpt_path=resume_from,
     )
     # the report's costs, read before `test` restores the best checkpoint (and with it the Timer's past time):
@@ -107,21 +99,25 @@ def train_neural(
     cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
-    keep.expect({SPLITS.index(s): corpus.size(s) for s in KEPT_SPLITS})
+    scored = [s for s in SPLITS if s in module.evaluated]
+    module.score_as(scored)
+    keep.expect({scored.index(s): corpus.size(s) for s in KEPT_SPLITS})
     # scored in this process on one device: processes spawned for several devices would keep the scores
     tester = trainer
     if trainer.world_size > 1:
         tester = L.Trainer(**one_device(cfg.trainer), logger=logger, enable_checkpointing=False, callbacks=[keep])
     start = time.perf_counter()
-    tester.test(module, [loader(corpus, s, n, eval_batch) for s in SPLITS], ckpt_path=best or None, verbose=False)
+    tester.test(module, [module.batches(corpus, s, eval_batch) for s in scored], ckpt_path=best or None, verbose=False)
     cost["score_seconds"] = time.perf_counter() - start
     metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
     logger.log_metrics(cost)
-    kept = {s: keep.kept(SPLITS.index(s)).numpy() for s in KEPT_SPLITS}
+    kept = {s: keep.kept(scored.index(s)).numpy() for s in KEPT_SPLITS}
     return metrics | cost, Scores.of(corpus.text_names(), kept, {s: corpus.text_ids(s) for s in KEPT_SPLITS})
 
 
-def score_splits(cfg: DictConfig, module: NPLMModule, corpus: Corpus, splits: Sequence[str]) -> dict[str, np.ndarray]:
+def score_splits(
+    cfg: DictConfig, module: LanguageModule, corpus: Corpus, splits: Sequence[str]
+) -> dict[str, np.ndarray]:
     """ln P(w_t | context) of every token of each split (any span of `corpus.bounds`), float32, by the same exact
     evaluation as a run's own (`Trainer.test`), in this process, on one device."""
     keep = KeptScores()
@@ -129,11 +125,12 @@ def score_splits(cfg: DictConfig, module: NPLMModule, corpus: Corpus, splits: Se
     settings = {**one_device(cfg.trainer), "enable_progress_bar": False}
     trainer = L.Trainer(**settings, logger=False, enable_checkpointing=False, callbacks=[keep])
     keep.expect({i: corpus.size(s) for i, s in enumerate(splits)})
-    batches = [loader(corpus, s, cfg.model.n, cfg.data.eval_batch_size) for s in splits]
+    module.score_as(splits)
+    batches = [module.batches(corpus, s, cfg.data.eval_batch_size) for s in splits]
     trainer.test(module, batches, verbose=False)
     return {s: keep.kept(i).numpy() for i, s in enumerate(splits)}
 
 
-def token_probs(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str) -> np.ndarray:
+def token_probs(cfg: DictConfig, module: LanguageModule, corpus: Corpus, split: str) -> np.ndarray:
     """P(w_t | context) of every token of a split, float64, in order (the bench's mixture line)."""
     return np.exp(score_splits(cfg, module, corpus, [split])[split].astype(np.float64))

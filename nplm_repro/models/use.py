@@ -1,4 +1,5 @@
-"""What a trained eq. (1) is asked besides a score: text continued from a prompt, and the nearest words in C.
+"""What a trained model is asked besides a score: text continued from a prompt, and the nearest words by its
+word features (eq. (1)'s C, an LSTM's or a Transformer's input embedding).
 
 Both work on ids of the run's vocabulary; `nplm-ask` (nplm_repro/ask.py) turns words into ids and back.
 """
@@ -8,12 +9,12 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.lightning_module import LanguageModule
 
 
 @torch.no_grad()
 def continue_ids(
-    module: NPLMModule,
+    module: LanguageModule,
     prompt: list[int],
     words: int,
     temperature: float,
@@ -21,16 +22,14 @@ def continue_ids(
     pad: int,
     never: tuple[int, ...] = (),
 ) -> list[int]:
-    """`words` ids drawn one at a time from P(w_t | the n-1 ids before it), each distribution's log-probabilities
-    divided by `temperature` (0: the most probable word every time); the same for the same seed. A prompt shorter
-    than n-1 is padded on the left with `pad` (`<eot>`: as if a text had just ended, as the stream starts). The ids
-    in `never` (say `<unk>`) are never drawn."""
-    n = module.model.n
+    """`words` ids drawn one at a time from P(w_t | the ids before it) (as much of them as the model reads), each
+    distribution's log-probabilities divided by `temperature` (0: the most probable word every time); the same for
+    the same seed. A prompt shorter than the model needs is padded on the left with `pad` (`<eot>`: as if a text had
+    just ended, as the stream starts). The ids in `never` (say `<unk>`) are never drawn."""
     generator = torch.Generator().manual_seed(seed)
-    ids = [pad] * max(0, n - 1 - len(prompt)) + list(prompt)
+    ids = [pad] * max(0, module.context_needed - len(prompt)) + list(prompt)
     for _ in range(words):
-        context = torch.tensor([ids[-(n - 1) :][::-1]])  # w_{t-1} first, as eq. (1) reads its context
-        logp = module(context)[0]
+        logp = module.next_logprobs([ids])[0]
         if never:
             logp[list(never)] = -torch.inf
         if temperature == 0:

@@ -31,7 +31,7 @@ def _data_keys(config: str, reference: str) -> str:
 
 def ngram_offset(table: pd.DataFrame) -> str | None:
     """The n-gram rows' relative difference from the paper, per split: range and mean."""
-    ngrams = table[(table["family"] != "mlp") & (table["status"] == "finished")]
+    ngrams = table[(table["kind"] == "counted") & (table["status"] == "finished")]
     parts = []
     for split in COMPARED:
         diff = ngrams[f"{split}_rel_diff"].dropna()
@@ -49,9 +49,9 @@ def vocabulary_slope(
     table: pd.DataFrame, other: pd.DataFrame, vocab_size: int, paper_vocab_size: int | None
 ) -> list[str]:
     """The table's n-gram rows against the same configurations on other data (one line per data fingerprint)."""
-    ngrams = table[(table["family"] != "mlp") & (table["status"] == "finished")]
+    ngrams = table[(table["kind"] == "counted") & (table["status"] == "finished")]
     by_model = {_model_config(r.config): r for r in ngrams.itertuples()}
-    other = other[(other["family"] != "mlp") & (other["state"] == "finished")]
+    other = other[(other["kind"] == "counted") & (other["state"] == "finished")]
     other = other.assign(model_config=other["config"].map(_model_config))
     other = other[other["model_config"].isin(by_model)]
     lines = []

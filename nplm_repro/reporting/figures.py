@@ -281,15 +281,15 @@ def rows_figure(report: Report) -> Figure | None:
     table = report.table[report.table["status"] == "finished"].copy()
     if table.empty:
         return None
-    table["_mlp"] = table["family"] != "mlp"
-    table = table.sort_values("_mlp", kind="stable").reset_index(drop=True)
+    table["_counted"] = table["kind"] == "counted"  # trained and mixed rows first, the n-grams after them
+    table = table.sort_values("_counted", kind="stable").reset_index(drop=True)
     labels = fit_labels(list(table["label"]))
     figure = _figure(9, 1.3 + 0.3 * len(table))
     ax = figure.add_subplot()
     y = list(range(len(table), 0, -1))
     shown: dict[str, Line2D] = {}
     for i, row in table.iterrows():
-        colour, kind = ("C0", "MLP") if row["family"] == "mlp" else ("C1", "n-gram")
+        colour, kind = row["colour"], "n-gram" if row["kind"] == "counted" else row["family_label"]
         low, high = row.get("test_low"), row.get("test_high")
         if present(low):
             ax.plot([low, high], [y[i], y[i]], color=colour, linewidth=2, alpha=0.6)
@@ -452,7 +452,7 @@ def against_knob(report: Report, knob: str, path: Path | None = None) -> Figure 
 def _group_name(group: pd.DataFrame, others: list[str]) -> list[str]:
     """What a group's rows share: the family's name and the other knobs that have a value."""
     first = group.iloc[0]
-    return [FAMILY_NAMES.get(first["family"], first["family"])] + [
+    return [first["family_label"]] + [
         f"{k}={first[k]}" for k in others if k != "family" and str(first[k]) != ""
     ]
 

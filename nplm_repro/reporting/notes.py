@@ -14,7 +14,7 @@ from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_k
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, combine, study_spec, verdict_of
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.runs import newest_finished, run_name, run_text, short_commit
+from nplm_repro.reporting.runs import newest_finished, run_name, run_text, short_commit, trained_rows
 
 # The knobs of sampled training: without them, a sampled run and an exact run are the same model.
 # How a run trained, not what it trained: a sampled run and an exact one differing only in these are a pair. The
@@ -113,7 +113,7 @@ def other_mixtures(ctx: Context) -> list[str]:
     runs = runs.assign(mlp_config=runs["config"].map(_unmixed))
     ours = table.set_index("label")
     lines = []
-    mixed = (table["family"] == "mlp") & (table["mix"] == "yes") & (table["status"] == "finished")
+    mixed = (table["kind"] == "mixed") & (table["mix"] == "yes") & (table["status"] == "finished")
     for row in table[mixed].itertuples():
         same = runs[(runs["row_tag"] == row.row) & (runs["mlp_config"] == _unmixed(row.config))]
         if same.empty:
@@ -139,7 +139,7 @@ SAMPLED_MARGIN = 0.02  # "sampled training reaches the exact perplexity": the pa
 def both_ways(table: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
     """Each finished, unmixed MLP configuration trained both ways, as (exact, sampled): rows whose configs are the
     same less HOW_TRAINED."""
-    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    trained = trained_rows(table)
     ways: dict[str, dict[str, pd.Series]] = {}
     for _, row in trained.iterrows():
         config = json.loads(row["config"])

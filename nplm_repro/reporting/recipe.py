@@ -230,7 +230,7 @@ def test_over_valid(table: pd.DataFrame, table1: pd.DataFrame | None) -> str:
         if row in ours.index
     ]
     line = f"Test over valid perplexity, optim=paper: {', '.join(mlps) or 'not run'}"
-    counted = None if table1 is None else table1[(table1["family"] != "mlp") & (table1["status"] == "finished")]
+    counted = None if table1 is None else table1[(table1["kind"] == "counted") & (table1["status"] == "finished")]
     if counted is None or counted.empty:
         return f"{line}; no counted n-gram row of brown_table1 in this store to compare with"
     mine, theirs = _ratio(counted).mean(), _ratio(counted, "paper_").mean()
@@ -257,16 +257,16 @@ def claims(uri: str, claims_of: str, table: pd.DataFrame, table1: pd.DataFrame |
     other MLP rows are not measured with that recipe) and the n-gram rows from brown_table1 (no recipe: they are
     counted)."""
     ours = _rows(table, STEPS[0])
-    counted = table1.set_index("label") if table1 is not None else pd.DataFrame()
+    counted = table1[table1["kind"] == "counted"].set_index("label") if table1 is not None else pd.DataFrame()
     rows = []
     for _, paper in paper_table(TABLE1).iterrows():
         name = label(paper)
         row = {"label": name, "family": paper["family"], "status": "missing", "valid_ppl": np.nan, "test_ppl": np.nan}
         row["run_ids"] = ""
         row |= {"paper_valid_ppl": paper["paper_valid_ppl"], "paper_test_ppl": paper["paper_test_ppl"]}
-        if paper["family"] == "mlp" and name in ours.index:
+        if name in ours.index:  # the recipe's runs are MLPs: an n-gram row is never among them
             row |= ours.loc[name, ["status", "valid_ppl", "test_ppl", "run_ids"]].to_dict()
-        elif paper["family"] != "mlp" and name in counted.index:
+        elif name in counted.index:
             row |= counted.loc[name, ["status", "valid_ppl", "test_ppl", "run_ids"]].to_dict()
         rows.append(row)
     found = pd.DataFrame.from_records(rows)

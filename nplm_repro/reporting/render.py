@@ -91,16 +91,17 @@ def _intro(report: Report) -> tuple[str, ...]:
 
 
 def _recipe_line(report: Report) -> tuple[str, ...]:
-    """How the MLP rows were trained: the optim.* and trainer.precision values they all share (what differs between
-    rows is in the table's columns); evaluation is always the exact softmax."""
-    trained = report.table[(report.table["family"] == "mlp") & (report.table["status"] == "finished")]
-    configs = [json.loads(c) for c in trained.get("config", [])]
+    """How the trained rows (and the mixed rows that trained their own MLP) were trained: the optim.* and
+    trainer.precision values they all share (what differs between rows is in the table's columns); evaluation is
+    always the exact softmax."""
+    shown = report.table[(report.table["kind"] != "counted") & (report.table["status"] == "finished")]
+    configs = [c for c in map(json.loads, shown.get("config", [])) if any(k.startswith("optim.") for k in c)]
     if not configs:
         return ()
     keys = sorted(k for k in configs[0] if k.startswith(("optim.", "trainer.precision")))
     shared = [f"{k}={configs[0][k]}" for k in keys if all(c.get(k) == configs[0][k] for c in configs)]
     line = (
-        f"Training recipe of the MLP rows (what they share): {', '.join(shared)}. Every perplexity is the exact "
+        f"Training recipe of the trained rows (what they share): {', '.join(shared)}. Every perplexity is the exact "
         "softmax over every token of its split, whatever the training used."
     )
     return (line,)

@@ -20,17 +20,27 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
-from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
+from nplm_repro.paper import COLUMNS, PAPER_TABLES, ROW_NAMES, paper_table, row_key
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS
 from nplm_repro.tracking.locks import sqlite_file
 from nplm_repro.tracking.store import check_store, redact, tracking_at
 
 # Runs from before the tag `family`: their class's name, wherever it lived then.
 FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
-# What a result depends on: an n-gram is counted from the data with the model's knobs; an MLP is also trained.
+# Runs from before the tags `family_kind`, `family_label` and `family_colour` (tracking/keys.py `described`): what
+# their family would have said; an MLP with `model.mix` other than none was mixed.
+BEFORE_TAGS = {
+    "mlp": ("trained", "MLP", "C0"),
+    "deleted_interpolation": ("counted", "Del. Int.", "C1"),
+    "kneser_ney": ("counted", "Kneser-Ney back-off", "C1"),
+    "class_based": ("counted", "class-based back-off", "C1"),
+}
+# Knobs a family gained after its first runs: the value those runs had without them.
+DEFAULTS_BEFORE = {"mlp": {"model.mix": "none", "model.features": "learned"}}
+# What a result depends on: a counted or mixed row, the data and the model's knobs; a trained one, its training too.
 # The data itself is pinned by the fingerprint; tracking.* and the row name are labels, not configuration.
-CONFIG_GROUPS = {"mlp": ("data.", "model.", "optim.", "trainer.", "callbacks.")}
-NGRAM_GROUPS = ("data.", "model.")
+TRAINED_GROUPS = ("data.", "model.", "optim.", "trainer.", "callbacks.")
+OTHER_GROUPS = ("data.", "model.")
 MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
 
 
@@ -78,8 +88,8 @@ def read_runs(uri: str, experiment: str) -> pd.DataFrame:
     return runs
 
 
-def _config(run: pd.Series, family: str) -> dict[str, str]:
-    groups = CONFIG_GROUPS.get(family, NGRAM_GROUPS)
+def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
+    groups = OTHER_GROUPS if kind == "counted" else TRAINED_GROUPS
     config = {
         key: str(value)
         for name, value in run.items()
@@ -90,10 +100,17 @@ def _config(run: pd.Series, family: str) -> dict[str, str]:
     }
     if family in FAMILY_IDS:  # the family, not where its class lived when the run was made
         config["model._target_"] = FAMILY_IDS[family]
-    if family == "mlp":
-        config.setdefault("model.mix", "none")  # runs from before the mixture knob were unmixed
-        config.setdefault("model.features", "learned")  # and from before the features knob, learned
-    return dict(sorted(config.items()))
+    return dict(sorted((DEFAULTS_BEFORE.get(family, {}) | config).items()))
+
+
+def _kind(run: pd.Series, family: str) -> tuple[str, str, str]:
+    """(kind, label, colour) of a run's family: its tags, or what its family said before it tagged them."""
+    kind, label, colour = (_text(run.get(f"tags.family_{k}")) for k in ("kind", "label", "colour"))
+    before = BEFORE_TAGS.get(family, ("counted", family, "C1"))
+    if not kind:
+        mixed = _text(run.get("params.model.mix")) not in ("", "none")
+        kind = "mixed" if mixed else before[0]
+    return kind, label or before[1], colour or before[2]
 
 
 def tidy(raw: pd.DataFrame) -> pd.DataFrame:
@@ -112,8 +129,8 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
             continue
         target = _text(get("params.model._target_"))
         family = _text(get("tags.family")) or FAMILIES.get(target.rsplit(".", 1)[-1], target)
-        config = _config(run, family)
-        mlp = family == "mlp"
+        kind, label, colour = _kind(run, family)
+        config = _config(run, family, kind)
         status = run["status"]
         state = "running" if status in ("RUNNING", "SCHEDULED") else "failed"
         if status == "FINISHED" and present(valid):
@@ -137,12 +154,15 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "base_run_id": _text(get("tags.base_run_id")),
                 "adopted_from": _text(get("tags.adopted_from")),
                 "family": family,
+                "kind": kind,
+                "family_label": label,
+                "colour": colour,
                 "n": config.get("model.n", ""),
-                "c": config.get("model.c", "") if family == "class_based" else "",
-                "h": config.get("model.h", "") if mlp else "",
-                "m": config.get("model.m", "") if mlp else "",
-                "direct": {"True": "yes", "False": "no"}.get(config.get("model.direct", ""), "") if mlp else "",
-                "mix": MIX.get(config["model.mix"], config["model.mix"]) if mlp else "",
+                "c": config.get("model.c", ""),
+                "h": config.get("model.h", ""),
+                "m": config.get("model.m", ""),
+                "direct": {"True": "yes", "False": "no"}.get(config.get("model.direct", ""), ""),
+                "mix": MIX.get(config.get("model.mix", ""), config.get("model.mix", "")),
                 "seed": _text(get("params.seed")),
                 "config": json.dumps(config),
                 "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
@@ -259,6 +279,10 @@ def configurations(runs: pd.DataFrame) -> pd.DataFrame:
             {
                 "config": config,
                 "family": first["family"],
+                "kind": first["kind"],
+                "family_label": first["family_label"],
+                "colour": first["colour"],
+                "row_tag": next((t for t in group["row_tag"] if t), ""),
                 **{c: first[c] for c in COLUMNS},
                 "paper_row": first["paper_row"],
                 "newest": group["start_time"].max(),
@@ -289,9 +313,9 @@ def varying_keys(configs: pd.DataFrame) -> list[str]:
 
 
 def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[float]]]]:
-    """Validation perplexity per epoch of every seed of every trained (unmixed) MLP row shown."""
+    """Validation perplexity per epoch of every seed of every trained row shown."""
     client = mlflow.MlflowClient(uri)
-    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    trained = trained_rows(table)
     curves = {}
     for row in trained.itertuples():
         curves[row.label] = []
@@ -303,9 +327,14 @@ def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[flo
     return curves
 
 
+def trained_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The finished rows that trained a model of their own (not counted, not mixed): the rows with weights."""
+    return table[(table["kind"] == "trained") & (table["status"] == "finished")]
+
+
 def run_name(run: pd.Series) -> str:
     """Its row tag, or else its model family's name."""
-    return run["row_tag"] or FAMILY_NAMES.get(run["family"], run["family"])
+    return run["row_tag"] or run["family_label"]
 
 
 def run_text(run: pd.Series) -> str:

@@ -26,6 +26,7 @@ from nplm_repro.reporting.runs import (
     configurations,
     dirty,
     history,
+    trained_rows,
     present,
     read_runs,
     tidy,
@@ -73,29 +74,36 @@ def paper_study_table(study: str, configs: pd.DataFrame) -> tuple[pd.DataFrame, 
 def other_study_table(corpus: str, configs: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """One row per configuration, with the config keys that vary as extra columns; the paper's numbers beside
     the configurations that have a paper row's columns."""
-    extra = varying_keys(configs)
     table = configs.copy()
-    for key in extra:
-        table[key] = [json.loads(c).get(key, "") for c in table["config"]]
     study = next((s for s, c in PAPER_TABLES.items() if c == corpus), None)
     paper = paper_table(study) if study else pd.DataFrame(columns=["row", "family", *COLUMNS])
     by_columns = {row_key(r["family"], r): r for _, r in paper.iterrows()}
     matched = [by_columns.get(row_key(r["family"], r)) for _, r in table.iterrows()]
-    table["row"] = [m["row"] if m is not None else FAMILY_NAMES.get(f, f) for m, f in zip(matched, table["family"])]
+    # a paper's family is named by its columns (MLP n=5 h=50 ...); another by its row tag, else its label
+    table["row"] = [
+        m["row"] if m is not None else FAMILY_NAMES.get(r["family"]) or r["row_tag"] or r["family_label"]
+        for m, (_, r) in zip(matched, table.iterrows())
+    ]
+    # the keys that tell apart the configurations of one row name (seeds aside)
+    extras = {name: varying_keys(group) for name, group in table.groupby("row", sort=False)}
+    extra = sorted({k for keys in extras.values() for k in keys})
+    for key in extra:
+        table[key] = [json.loads(c).get(key, "") for c in table["config"]]
     papers = [
         m if m is not None and all(json.loads(c).get(k, v) == v for k, v in PAPER_SETUP.items()) else None
         for m, c in zip(matched, table["config"])
     ]
     for split in SPLITS:
         table[f"paper_{split}_ppl"] = [m[f"paper_{split}_ppl"] if m is not None else np.nan for m in papers]
-    order = {f: i for i, f in enumerate(FAMILY_NAMES)}
+    order = {f: i for i, f in enumerate(FAMILY_NAMES)}  # the paper's families, then others: trained, counted, mixed
+    later = table["kind"].map({k: len(order) + i for i, k in enumerate(("trained", "counted", "mixed"))})
     table = table.assign(
-        _family=table["family"].map(order).fillna(len(order)),
+        _family=table["family"].map(order).fillna(later),
         **{f"_{c}": pd.to_numeric(table[c], errors="coerce") for c in ("n", "c", "h", "m")},
     )
     table = table.sort_values(["_family", "_n", "_c", "_h", "_m", "direct", "mix", *extra, "config"])
     table = _with_rel_diff(table.drop(columns=[c for c in table if c.startswith("_")]).reset_index(drop=True))
-    table["label"] = table.apply(label, axis=1, extra=extra)
+    table["label"] = [label(r, extra=extras[r["row"]]) for _, r in table.iterrows()]
     return table, extra
 
 
@@ -133,7 +141,7 @@ class Learned:
 def learned_features(uri: str, table: pd.DataFrame) -> Learned | None:
     """The features/ artifacts of the trained MLP row with the lowest validation perplexity (its first seed that has
     them), or None: no trained MLP row, or runs made before runs logged them (`nplm-ask features RUN --log`)."""
-    trained = table[(table["family"] == "mlp") & (table["mix"] == "no") & (table["status"] == "finished")]
+    trained = trained_rows(table)
     if trained.empty:
         return None
     best_row = trained.sort_values("valid_ppl").iloc[0]

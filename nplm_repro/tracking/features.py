@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from nplm_repro.baselines.ngram import DeletedInterpolation
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
-from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.use import nearest
 
 FOLDER = "features"
@@ -34,21 +34,21 @@ MAP_WORDS, LABELLED = 300, 200  # words on the map; the most frequent of them th
 MARKS = (UNK, END_OF_PARAGRAPH, END_OF_TEXT)
 
 
-def neighbours(module: NPLMModule, corpus: Corpus, k: int = 10) -> list[str]:
+def neighbours(module: LanguageModule, corpus: Corpus, k: int = 10) -> list[str]:
     """One line per probe word of the vocabulary: its k nearest words and their cosine similarities."""
     present = [w for w in PROBES if w in corpus.vocab]
-    found = nearest(module.model.C.detach(), [corpus.vocab.index(w) for w in present], k)
+    found = nearest(module.word_features(), [corpus.vocab.index(w) for w in present], k)
     return [f"{w}: " + ", ".join(f"{corpus.vocab[i]} {s:.2f}" for i, s in near) for w, near in zip(present, found)]
 
 
-def draw_map(module: NPLMModule, corpus: Corpus, path: Path, title: str) -> None:
+def draw_map(module: LanguageModule, corpus: Corpus, path: Path, title: str) -> None:
     """The MAP_WORDS most frequent words of the training split (no markers) on C's first two principal components."""
     start, end = corpus.bounds["train"]
     counts = np.bincount(corpus.ids[start:end].numpy(), minlength=corpus.vocab_size)
     marks = [corpus.vocab.index(m) for m in MARKS if m in corpus.vocab]
     counts[marks] = -1
     words = np.argsort(-counts, kind="stable")[:MAP_WORDS]
-    rows = module.model.C.detach().double().numpy()[words]
+    rows = module.word_features().double().numpy()[words]
     centred = rows - rows.mean(axis=0)
     _, singular, axes = np.linalg.svd(centred, full_matrices=False)
     xy = centred @ axes[:2].T
@@ -59,7 +59,7 @@ def draw_map(module: NPLMModule, corpus: Corpus, path: Path, title: str) -> None
     named = labels_apart(xy[:LABELLED])
     for i in named:
         ax.annotate(corpus.vocab[words[i]], xy[i], fontsize=7, xytext=(2, 2), textcoords="offset points")
-    ax.set_xlabel(f"first principal component of C ({share[0]:.0%} of the variance of these words)")
+    ax.set_xlabel(f"first principal component of the word features ({share[0]:.0%} of the variance of these words)")
     ax.set_ylabel(f"second ({share[1]:.0%})")
     ax.set_title(f"{title}: the {MAP_WORDS} most frequent words, {len(named)} of them named", fontsize=10)
     figure.tight_layout()
@@ -79,33 +79,35 @@ def labels_apart(xy: np.ndarray, width: float = 0.06, height: float = 0.025) -> 
     return chosen
 
 
-def sentences(module: NPLMModule, corpus: Corpus) -> list[str]:
-    """The paper's two sentences: per word, P under the MLP and under Del. Int.; then both sentences' perplexities."""
+def sentences(module: LanguageModule, corpus: Corpus) -> list[str]:
+    """The paper's two sentences: per word, P under the model and under Del. Int.; then both sentences' perplexities.
+    Each sentence follows `<eot>`, as a text starts."""
     index = {w: i for i, w in enumerate(corpus.vocab)}
-    eot, unk, n = index[END_OF_TEXT], index[UNK], module.model.n
+    eot, unk, need = index[END_OF_TEXT], index[UNK], max(module.context_needed, 2)
     trigram = DeletedInterpolation().fit(corpus)
+    name = module.label
     lines = []
     for sentence in SENTENCES:
         words = sentence.split()
-        ids = [eot] * (n - 1) + [index.get(w, unk) for w in words]
-        contexts = torch.tensor([ids[t - n + 1 : t][::-1] for t in range(n - 1, len(ids))])
+        ids = [eot] * need + [index.get(w, unk) for w in words]
         with torch.no_grad():
-            mlp = module(contexts).double().gather(1, torch.tensor(ids[n - 1 :])[:, None])[:, 0].exp().numpy()
-        counted = trigram.window_probs(np.array([ids[t - 2 : t + 1] for t in range(n - 1, len(ids))]))
-        cells = [f"{w}{' (<unk>)' if w not in index else ''} {p:.3g} / {q:.3g}" for w, p, q in zip(words, mlp, counted)]
-        ppl = [float(np.exp(-np.log(p).mean())) for p in (mlp, counted)]
-        lines.append(f"{sentence}: P(word | before) MLP / Del. Int.: {'; '.join(cells)}")
-        lines.append(f"{sentence}: perplexity MLP {ppl[0]:.1f}, Del. Int. {ppl[1]:.1f}")
+            logp = module.next_logprobs([ids[:t] for t in range(need, len(ids))]).double()
+        model = logp.gather(1, torch.tensor(ids[need:])[:, None])[:, 0].exp().numpy()
+        counted = trigram.window_probs(np.array([ids[t - 2 : t + 1] for t in range(need, len(ids))]))
+        cells = [f"{w}{' (<unk>)' if w not in index else ''} {p:.3g} / {q:.3g}" for w, p, q in zip(words, model, counted)]
+        ppl = [float(np.exp(-np.log(p).mean())) for p in (model, counted)]
+        lines.append(f"{sentence}: P(word | before) {name} / Del. Int.: {'; '.join(cells)}")
+        lines.append(f"{sentence}: perplexity {name} {ppl[0]:.1f}, Del. Int. {ppl[1]:.1f}")
     return lines
 
 
-def log_features(client: mlflow.MlflowClient, run_id: str, module: NPLMModule, corpus: Corpus, title: str) -> None:
+def log_features(client: mlflow.MlflowClient, run_id: str, module: LanguageModule, corpus: Corpus, title: str) -> None:
     """The run's `features/` artifacts (module docstring), from its best weights `module`."""
     module.eval()
     with tempfile.TemporaryDirectory(prefix="nplm-features-") as tmp:
         folder = Path(tmp)
         near = "\n".join(f"- {line}" for line in neighbours(module, corpus))
-        (folder / "neighbours.md").write_text(f"# {title}: nearest words in C (cosine similarity)\n\n{near}\n")
+        (folder / "neighbours.md").write_text(f"# {title}: nearest words by word features (cosine similarity)\n\n{near}\n")
         said = "\n".join(f"- {line}" for line in sentences(module, corpus))
         (folder / "sentences.md").write_text(f"# {title}: the paper's example sentences\n\n{said}\n")
         draw_map(module, corpus, folder / "map.png", title)

@@ -1,9 +1,9 @@
 """What identifies a run: `config_key` (a job's config and data) and `model_key` (a trained MLP).
 
-Keys name a model by its family (`mlp`, `deleted_interpolation`, `kneser_ney`, `class_based`: the class's
-`family` attribute), never by where its class lives, so moving code retrains nothing. Inside the hash a family
-is spelled as in FAMILY_IDS: the class paths of key version 1, frozen as plain names, so the runs already in
-users' stores keep matching (tests/test_keys.py pins them). Runs carry the tag `key_version`.
+Keys name a model by its family (`mlp`, `lstm`, `kneser_ney`, ...: the class's `family` attribute), never by where
+its class lives, so moving code retrains nothing. Inside the hash the four families of key version 1 are spelled as
+in FAMILY_IDS, their class paths then, frozen as plain names, so the runs already in users' stores keep matching
+(tests/test_keys.py pins them); a later family is spelled by its name. Runs carry the tag `key_version`.
 """
 
 from __future__ import annotations
@@ -50,9 +50,27 @@ def family(cfg: DictConfig) -> str:
     return get_class(cfg.model._target_).family
 
 
-def is_neural(cfg: DictConfig) -> bool:
-    """Whether `model` is eq. (1) (trained by Lightning) rather than an n-gram baseline (counted)."""
-    return family(cfg) == "mlp"
+def trained(cfg: DictConfig) -> bool:
+    """Whether `model` is trained (by Lightning: weights, a Model) rather than counted or mixed: its class says."""
+    return get_class(cfg.model._target_).trained
+
+
+def mixed(cfg: DictConfig) -> bool:
+    """Whether the row mixes the scores of other models (kept scores) rather than training or counting its own."""
+    return get_class(cfg.model._target_).mixes(cfg)
+
+
+def kind(cfg: DictConfig) -> str:
+    """trained, counted or mixed: how the row gets its scores (tag `family_kind`, which reports read)."""
+    return "mixed" if mixed(cfg) else "trained" if trained(cfg) else "counted"
+
+
+def described(cfg: DictConfig) -> dict[str, str]:
+    """What a run's tags say of its family, for reports, which never import a family: its name, kind, label and
+    colour in figures."""
+    found = get_class(cfg.model._target_)
+    tags = {"family": found.family, "family_kind": kind(cfg), "family_label": found.label}
+    return tags | {"family_colour": found.colour}
 
 
 def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +88,8 @@ def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
 
 def _named(model: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
     """`model` (a config's model node) with its class path replaced by its family's frozen id."""
-    return model | {"_target_": FAMILY_IDS[family(cfg)]}
+    name = family(cfg)
+    return model | {"_target_": FAMILY_IDS.get(name, name)}
 
 
 def model_key(cfg: DictConfig, fingerprint: str) -> str:

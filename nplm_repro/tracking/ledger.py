@@ -13,6 +13,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import time
 import traceback
 from pathlib import Path
 
@@ -20,28 +21,28 @@ import lightning as L
 import mlflow
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class
 from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.entities import Run, RunTag
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.baselines.mixture import mix_with_trigram
+from nplm_repro.baselines.mixture import mix_runs, mix_with_trigram
 from nplm_repro.baselines.ngram import fit_ngram
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
-from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.precision import job_precision
 from nplm_repro.models.training import best_checkpoint, train_neural
 from nplm_repro.progress import report_status
 from nplm_repro.scores import ARTIFACT, Scores
 from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.keys import config_key, is_neural, model_key
+from nplm_repro.tracking.keys import config_key, mixed, model_key, trained
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
-from nplm_repro.tracking.served import log_mlp_model
+from nplm_repro.tracking.served import log_model
 from nplm_repro.tracking.store import open_store, reach_store, redact
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,36 @@ def base_run(cfg: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
             return record(unmixed, corpus, unmixed_key, tags)[0]
 
 
+WAIT_SECONDS = 15  # between two looks at a component still training
+
+
+def component_runs(cfg: DictConfig, corpus: Corpus) -> list[str]:
+    """The finished run of each row `cfg.model.components` names, in this study, on this data: the one with this
+    job's seed, or for a counted row (no weights: the seed changes nothing) any. A component whose run is still
+    RUNNING (its job in this sweep) is waited for; one with no run, or only failed ones, is an error naming it."""
+    uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
+    study = f"tags.study = '{cfg.study}'" if cfg.get("study") else "tags.study IS NULL"
+    found = []
+    for name in cfg.model.components:
+        while True:
+            runs = search(uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'")
+            seeded = [r for r in runs if r.data.params.get("seed") == str(cfg.seed)]
+            done = [r for r in seeded if r.info.status == "FINISHED"]
+            done = done or [r for r in runs if r.info.status == "FINISHED" and "model_key" not in r.data.tags]
+            if done:
+                found.append(done[0].info.run_id)
+                break
+            if not any(r.info.status == "RUNNING" for r in seeded):
+                raise NplmError(
+                    f"model.components: no finished run of row {name!r} with seed {cfg.seed} in study "
+                    f"{cfg.get('study') or '(none)'} on this data: run that row first (a mixed row comes after its rows)"
+                )
+            report_status(state=f"waiting for {name}")
+            log.info("component %s (seed %s) is still running: waiting for it", name, cfg.seed)
+            time.sleep(WAIT_SECONDS)
+    return found
+
+
 def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns its run id and metrics.
 
@@ -146,27 +177,25 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     report_status(row=cfg.get("row") or "run", state="running")
     reach_store(cfg.tracking.uri)  # a store that cannot be reached or named stops the job before any work
     corpus = load_corpus(cfg.data)  # before the store is opened: a corpus found bad when read leaves no store
-    if is_neural(cfg) and cfg.optim.batch_size > corpus.size("train"):
+    if trained(cfg) and cfg.optim.batch_size > corpus.size("train"):
         raise NplmError(
             f"optim.batch_size={cfg.optim.batch_size} is larger than the training split ({corpus.size('train'):,} "
             "tokens): a batch is drawn from it"
         )
     open_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)  # reached above
     # auto becomes what this machine runs faster before the config is keyed: the key says what computed
-    output = cfg.optim.output if is_neural(cfg) else None
+    output = cfg.optim.output if trained(cfg) else None
     cfg.trainer.precision, precision_tags = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)
     key = config_key(cfg, corpus.fingerprint)
-    trains_mlp = is_neural(cfg) and cfg.model.mix == "none"
-    mlp = model_key(cfg, corpus.fingerprint) if trains_mlp else None
+    trains = trained(cfg) and not mixed(cfg)
+    mlp = model_key(cfg, corpus.fingerprint) if trains else None
     with mlp_lock(mlp) if mlp else contextlib.nullcontext(), config_lock(key):
         found = None if cfg.rerun else find_finished(cfg.tracking.uri, cfg.tracking.experiment, config_key=key)
         if found:
             return reuse(cfg, found)
-        trained = (
-            None if cfg.rerun or not mlp else find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=mlp)
-        )
-        if trained:
-            return adopt(cfg, corpus, key, trained)
+        made = None if cfg.rerun or not mlp else find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=mlp)
+        if made:
+            return adopt(cfg, corpus, key, made)
         return record(cfg, corpus, key, precision_tags)
 
 
@@ -250,9 +279,9 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
     L.seed_everything(cfg.seed, workers=True)
     resume = None
     tags = dict(tags)
-    if not is_neural(cfg):
+    if not trained(cfg) and not mixed(cfg):
         fit = fit_ngram
-    elif cfg.model.mix == "none":
+    elif not mixed(cfg):
         fit, tags["model_key"] = train_neural, model_key(cfg, corpus.fingerprint)
         if cfg.callbacks.get("model_checkpoint"):
             resume = None if cfg.rerun else find_resumable(cfg.tracking.uri, cfg.tracking.experiment, key)
@@ -261,7 +290,14 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
             if resume:
                 log.info("resuming run %s from %s", *resume)
                 fit = functools.partial(train_neural, resume_from=resume[1])
-    else:
+    elif "components" in cfg.model:  # rows of this study, mixed by their kept scores
+        bases = component_runs(cfg, corpus)
+        tags["base_run_id"] = ",".join(bases)
+
+        def fit(cfg: DictConfig, corpus: Corpus, logger: MLFlowLogger) -> tuple[dict[str, float], Scores]:
+            return mix_runs(cfg, corpus, logger, [base_scores(cfg.tracking.uri, b, corpus) for b in bases])
+
+    else:  # eq. (1)'s own MLP with the trigram (model.mix)
         base = base_run(cfg, corpus, tags)
         tags["base_run_id"] = base
 
@@ -273,10 +309,11 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
     try:
         metrics, scores = fit(cfg, corpus, logger)
         log_scores(logger.experiment, logger.run_id, scores)
-        best = best_checkpoint(cfg) if "model_key" in tags else None  # a trained MLP's weights, as its Model
+        best = best_checkpoint(cfg) if "model_key" in tags else None  # a trained model's weights, as its Model
         if best:
-            log_mlp_model(logger.experiment, logger.run_id, best, corpus, cfg.data)
-            weights = NPLMModule.load_from_checkpoint(best, map_location="cpu")
+            module = get_class(cfg.model._target_)
+            log_model(logger.experiment, logger.run_id, best, corpus, cfg.data, cfg.model._target_)
+            weights = module.load_from_checkpoint(best, map_location="cpu")
             log_features(
                 logger.experiment,
                 logger.run_id,

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted
-from nplm_repro.tracking.keys import KEY_VERSION, family, is_neural, without_unused
+from nplm_repro.tracking.keys import KEY_VERSION, described, trained, without_unused
 from nplm_repro.tracking.store import redact, store_error
 
 if TYPE_CHECKING:
@@ -45,15 +45,15 @@ log = logging.getLogger(__name__)
 
 CODE = Path(__file__).resolve().parents[1]  # the package that runs: a checkout's nplm_repro/, or an installed copy
 DISTRIBUTION = "nplm-repro"
-TRAINING_ONLY = ("optim", "trainer", "callbacks")  # config groups a counted n-gram never reads
+TRAINING_ONLY = ("optim", "trainer", "callbacks")  # config groups a counted or mixed row never reads
 NEEDS_PSUTIL = "tracking.system_metrics=true needs psutil: .venv/bin/pip install -e '.[system-metrics]'"
 
 
 def flat_params(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config as flat dotted keys (model.n, optim.lr, ...): Hydra's own keys left out, and an n-gram's
-    TRAINING_ONLY groups, which cannot change its numbers; credentials in URIs masked."""
+    """The resolved config as flat dotted keys (model.n, optim.lr, ...): Hydra's own keys left out, and the
+    TRAINING_ONLY groups of a model that is not trained, which cannot change its numbers; credentials masked."""
     tree = without_unused(OmegaConf.to_container(cfg, resolve=True))
-    if not is_neural(cfg):
+    if not trained(cfg):
         tree = {k: v for k, v in tree.items() if k not in TRAINING_ONLY}
     flat = pd.json_normalize(tree, sep=".").iloc[0].items()
     return {k: redact(v) if isinstance(v, str) else v for k, v in flat if not k.startswith("hydra.")}
@@ -271,7 +271,7 @@ def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> Run
     tags = {**data_tags(corpus), "git_commit": commit, "corpus": corpus.name, **environment_tags(), **extra_tags}
     if is_commit(commit):  # MLflow's own, the UI's Version column; what '+dirty' adds is git_diff.patch
         tags[MLFLOW_GIT_COMMIT] = commit.removesuffix("+dirty")
-    tags |= {"family": family(cfg), "key_version": KEY_VERSION}
+    tags |= described(cfg) | {"key_version": KEY_VERSION}
     for key in ("row", "study", "note"):
         if cfg.get(key):
             tags[key] = str(cfg[key])

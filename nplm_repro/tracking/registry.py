@@ -19,7 +19,7 @@ from mlflow.entities import Run
 
 from nplm_repro.tracking.kept import download
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer
-from nplm_repro.tracking.served import log_mlp_model, model_of
+from nplm_repro.tracking.served import log_model, model_of
 from nplm_repro.tracking.store import tracking_at
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def register_best(uri: str, experiment: str, study: str) -> str | None:
         scorer = RunScorer(uri, source)
         with tempfile.TemporaryDirectory() as into:
             checkpoint = Path(download(client, source, CHECKPOINT, into))
-            model = log_mlp_model(client, source, checkpoint, scorer.corpus, scorer.cfg.data)
+            model = log_model(client, source, checkpoint, scorer.corpus, scorer.cfg.data, scorer.cfg.model._target_)
         log.info("registry: run %s had no Model: logged one from its %s", source, CHECKPOINT)
     name = registered_name(experiment, study)
     if client.search_registered_models(f"name = '{name}'"):

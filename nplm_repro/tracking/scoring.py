@@ -2,9 +2,10 @@
 mixed row whose MLP kept no scores, and to attach kept scores to runs made before runs kept them (`--log`).
 
 The run is rebuilt from what it recorded, never from the caller's config: its `config.yaml` artifact, its data
-(read again with its own reader and checked against its data fingerprint), and its model: an MLP from its best
-checkpoint, an n-gram counted again (counting is deterministic), a mixed row from its MLP and the trigram with the
-weights fitted again on validation by the same EM. Each scores through the code path of the run's own evaluation.
+(read again with its own reader and checked against its data fingerprint), and its model: a trained model (the MLP,
+the LSTM, the Transformer) from its best checkpoint, an n-gram counted again (counting is deterministic), a mixed
+row from the runs it mixes (an MLP and the trigram, or its study's rows) with the weights fitted again on validation
+by the same EM. Each scores through the code path of the run's own evaluation.
 """
 
 from __future__ import annotations
@@ -18,22 +19,22 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.baselines.mixture import TrigramMixture
+from nplm_repro.baselines.mixture import Mixture, TrigramMixture
 from nplm_repro.baselines.ngram import DeletedInterpolation, NgramModel, split_windows
 from nplm_repro.data.brown import brown_text
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.text import read_text_tokens
 from nplm_repro.errors import NplmError
-from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.training import score_splits
 from nplm_repro.scores import KEPT_SPLITS, Scores
 from nplm_repro.tracking.kept import artifacts, download, kept_scores
-from nplm_repro.tracking.keys import is_neural
+from nplm_repro.tracking.keys import mixed, trained
 from nplm_repro.tracking.served import model_of
 from nplm_repro.tracking.store import redact, store_error, tracking_at
 
@@ -95,10 +96,12 @@ class RunScorer:
         self.cfg = self._config()
         reuse = corpus is not None and corpus.fingerprint == tags["data_fingerprint"]
         self.corpus = corpus if reuse else self._corpus(data_path)
-        self._module: NPLMModule | None = None
+        self._module: LanguageModule | None = None
         self._ngram: NgramModel | None = None
         self._mixture: TrigramMixture | None = None
         self._base: RunScorer | None = None
+        self._parts: list[RunScorer] | None = None
+        self._rows_mixture: tuple[Mixture, DeletedInterpolation | None] | None = None
 
     @property
     def name(self) -> str:
@@ -106,9 +109,10 @@ class RunScorer:
 
     @property
     def kind(self) -> str:
-        if not is_neural(self.cfg):
-            return "ngram"
-        return "mlp" if self.cfg.model.get("mix", "none") == "none" else "mixed"
+        """trained (weights), counted (an n-gram) or mixed (other models' scores): its family says."""
+        if mixed(self.cfg):
+            return "mixed"
+        return "trained" if trained(self.cfg) else "counted"
 
     def _config(self) -> DictConfig:
         if "config.yaml" not in artifacts(self.client, self.run_id):
@@ -191,10 +195,15 @@ class RunScorer:
 
     def logprob(self, tokens: Tokens) -> np.ndarray:
         """ln P of every token (float64 from a count, float32 values from an MLP's exact softmax)."""
-        if self.kind == "mlp":
-            return score_splits(self.cfg, self.mlp(), tokens.corpus, [tokens.span])[tokens.span]
-        if self.kind == "ngram":
+        if self.kind == "trained":
+            return score_splits(self.cfg, self.model(), tokens.corpus, [tokens.span])[tokens.span]
+        if self.kind == "counted":
             return np.log(self._counted().window_probs(tokens.rows(self._counted().order)))
+        if "components" in self.cfg.model:  # rows of its study (model=mixture)
+            probs = np.column_stack([np.exp(b.logprob(tokens).astype(np.float64)) for b in self._components()])
+            mixture, trigram = self._fitted_components()
+            bins = trigram.window_bins(tokens.rows(trigram.order)) if trigram else None
+            return np.log(mixture.probs(probs, bins))
         base = self._mixed_base()
         mlp = np.exp(base.logprob(tokens).astype(np.float64))
         return np.log(self._fitted_mixture().probs(mlp, tokens.rows(3)))
@@ -204,9 +213,9 @@ class RunScorer:
         logprobs = {split: self.logprob(self.split(split)) for split in KEPT_SPLITS}
         return Scores.of(self.corpus.text_names(), logprobs, {s: self.corpus.text_ids(s) for s in KEPT_SPLITS})
 
-    def mlp(self) -> NPLMModule:
-        """The MLP's best weights: its Model's checkpoint, or the checkpoint artifact of a run from before runs logged
-        a Model (an adopted run's weights are those of the run it adopted)."""
+    def model(self) -> LanguageModule:
+        """The trained model's best weights: its Model's checkpoint, or the checkpoint artifact of a run from before
+        runs logged a Model (an adopted run's weights are those of the run it adopted)."""
         if self._module is None:
             source = self.run.data.tags.get("adopted_from", self.run_id)
             model = model_of(self.client, source)
@@ -223,7 +232,8 @@ class RunScorer:
                         folder = mlflow.artifacts.download_artifacts(f"models:/{model}", dst_path=into)
                     path = str(next((Path(folder) / "artifacts").glob("*.ckpt")))
                 try:
-                    self._module = NPLMModule.load_from_checkpoint(path, map_location="cpu")
+                    module = get_class(self.cfg.model._target_)
+                    self._module = module.load_from_checkpoint(path, map_location="cpu")
                 except (OSError, RuntimeError, EOFError) as error:
                     raise NplmError(f"the weights of run {source} are unreadable: {error}") from None
             self._module.eval()
@@ -241,6 +251,30 @@ class RunScorer:
                 raise NplmError(f"mixed run {self.run_id} does not name the MLP it mixes (tag base_run_id)")
             self._base = RunScorer(self.uri, base, corpus=self.corpus)
         return self._base
+
+    def _components(self) -> list[RunScorer]:
+        """The runs a mixture of rows mixes (tag base_run_id: their ids, in `model.components` order)."""
+        if self._parts is None:
+            ids = self.run.data.tags.get("base_run_id", "").split(",")
+            if len(ids) != len(self.cfg.model.components):
+                raise NplmError(f"mixed run {self.run_id} does not name the runs it mixes (tag base_run_id)")
+            self._parts = [RunScorer(self.uri, run, corpus=self.corpus) for run in ids]
+        return self._parts
+
+    def _fitted_components(self) -> tuple[Mixture, DeletedInterpolation | None]:
+        """The weights fitted again by EM on validation from the components' kept scores, and the trigram whose
+        context bins they are per (`context` mode; else None)."""
+        if self._rows_mixture is None:
+            valid = []
+            for part in self._components():
+                kept = kept_scores(part.client, part.run_id)
+                valid.append(kept.splits["valid"].logprob if kept else part.logprob(part.split("valid")))
+            probs = np.exp(np.column_stack(valid).astype(np.float64))
+            trigram = DeletedInterpolation().fit(self.corpus) if self.cfg.model.mode == "context" else None
+            bins = trigram.window_bins(split_windows(self.corpus, "valid", trigram.order)) if trigram else None
+            mixture = Mixture(self.cfg.model.components, self.cfg.model.mode)
+            self._rows_mixture = (mixture.fit(probs, bins, trigram.n_bins if trigram else 1), trigram)
+        return self._rows_mixture
 
     def _fitted_mixture(self) -> TrigramMixture:
         """The mixture's weights fitted again by EM on validation, from the MLP's kept scores where it has them."""

@@ -38,7 +38,8 @@ from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 
 MODEL = "model"  # the logged model's name: runs:/<run id>/model
 WEIGHTS = "weights"  # the artifact key of the checkpoint inside the Model
-READING = "reading"  # the artifact key of the vocabulary and reader settings
+READING = "reading"  # the artifact key of the vocabulary, the reader settings and the module's class
+BEFORE_FAMILIES = "nplm_repro.models.lightning_module.NPLMModule"  # the class of Models that do not name theirs
 EXAMPLE = pd.DataFrame(
     {"context": ["The Fulton County Grand Jury said Friday that an investigation of"], "next_word": ["the"]}
 )
@@ -50,13 +51,15 @@ def _refuse(message: str) -> MlflowException:
 
 
 class NextWords(mlflow.pyfunc.PythonModel):
-    """The pyfunc of an MLP run: P(next word | the last n-1 tokens of a context) from eq. (1)'s exact softmax."""
+    """The pyfunc of a trained run: P(next word | a context) from the model's exact softmax (eq. (1) reads the last
+    n-1 tokens; an LSTM or a Transformer all of them, up to its window)."""
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
-        from nplm_repro.models.lightning_module import NPLMModule
+        from hydra.utils import get_class
 
-        self.module = NPLMModule.load_from_checkpoint(context.artifacts[WEIGHTS], map_location="cpu").eval()
         reading = json.loads(Path(context.artifacts[READING]).read_text())
+        module = get_class(reading.get("module", BEFORE_FAMILIES))
+        self.module = module.load_from_checkpoint(context.artifacts[WEIGHTS], map_location="cpu").eval()
         self.vocab: list[str] = reading["vocab"]
         self.data = OmegaConf.create(reading["data"])
         self.index = {w: i for i, w in enumerate(self.vocab)}
@@ -90,16 +93,16 @@ class NextWords(mlflow.pyfunc.PythonModel):
         k = int((params or {}).get("k", 10))
         if not 1 <= k <= len(self.vocab):
             raise _refuse(f"k={k}: between 1 and the vocabulary's {len(self.vocab):,} words")
-        need = self.module.model.n - 1
+        need = self.module.context_needed
         unk = self.index[UNK]
         rows = []
         for text in model_input["context"]:
             words = self.tokens(text)
             if len(words) < need:
-                raise _refuse(f"context {text!r} has {len(words)} tokens: this model reads the last {need}")
-            rows.append([self.index.get(w, unk) for w in words[-need:]][::-1])  # w_{t-1} first
+                raise _refuse(f"context {text!r} has {len(words)} tokens: this model reads at least {need}")
+            rows.append([self.index.get(w, unk) for w in words])
         with torch.no_grad():
-            logp = self.module(torch.tensor(rows, dtype=torch.int64)).double()
+            logp = self.module.next_logprobs(rows).double()
         top = logp.topk(k, dim=1)
         nexts = model_input["next_word"] if "next_word" in model_input else [None] * len(rows)
         asked = [  # None (JSON's null) where no next word was asked: NaN is no JSON
@@ -126,15 +129,19 @@ def _code(folder: Path) -> Path:
     return Path(shutil.copytree(source, folder / "nplm_repro", ignore=shutil.ignore_patterns("__pycache__")))
 
 
-def log_mlp_model(client: mlflow.MlflowClient, run_id: str, checkpoint: Path, corpus: Corpus, data: DictConfig) -> str:
-    """Log the MLP of `run_id` (its best checkpoint, read with `corpus`'s vocabulary and the reader settings of
-    `data`) as the run's Model; returns the logged model's id."""
+def log_model(
+    client: mlflow.MlflowClient, run_id: str, checkpoint: Path, corpus: Corpus, data: DictConfig, module: str
+) -> str:
+    """Log the trained model of `run_id` (its best checkpoint, of the LightningModule class `module` names, read with
+    `corpus`'s vocabulary and the reader settings of `data`) as the run's Model; returns the logged model's id."""
     run = client.get_run(run_id)
     with tempfile.TemporaryDirectory(prefix="nplm-model-") as tmp:
         folder = Path(tmp)
         reading = folder / "reading.json"
         reading.write_text(
-            json.dumps({"vocab": list(corpus.vocab), "data": OmegaConf.to_container(data, resolve=True)})
+            json.dumps(
+                {"vocab": list(corpus.vocab), "data": OmegaConf.to_container(data, resolve=True), "module": module}
+            )
         )
         python_model = NextWords()
         python_model.load_context(

@@ -1,0 +1,194 @@
+"""What a language model that reads a running stream shares (the LSTM, the Transformer): its output layer, its
+three ways to train it, its two optimiser recipes and its exact evaluation.
+
+The output layer is the MLP's: y = b + O h, with O the output word vectors (tied to the input embedding, or its
+own) and h the network's last hidden vector at each position. It trains exactly (the float32 softmax, or its
+products in bfloat16 where `trainer.precision` resolves to bf16-mixed, as the MLP's) or sampled (`optim=sampled`:
+the same importance sampling from the same bigram proposal, counted on the training stream). Evaluation is the
+exact float32 softmax of every token, whatever trained it.
+
+Recipes (`optim.recipe`):
+- `sgd`: Zaremba et al. (2014): SGD on the batch's mean loss at rate `optim.lr`, the gradient's norm clipped at
+  `optim.clip`, the rate multiplied by `optim.plateau_factor` after each epoch that does not improve validation.
+- `adamw`: AdamW (decay `optim.weight_decay` on matrices only), the rate rising linearly over `optim.warmup` of
+  the run's steps, then falling along a cosine to a tenth of `optim.lr` at `trainer.max_epochs`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
+from nplm_repro.models.bf16_loss import bf16_cross_entropy
+from nplm_repro.models.lightning_module import LanguageModule, schedules
+from nplm_repro.models.sampled_loss import Proposal, sampled_cross_entropy
+from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
+
+RECIPES = ("sgd", "adamw")
+
+
+class SequenceModule(LanguageModule):
+    """A subclass builds `self.embedding` (nn.Embedding), `self.b` and `self.O` (None when tied) and defines
+    `hidden(x, state) -> (h, state)`, [B, T] ids to [B, T, width] vectors."""
+
+    embedding: nn.Embedding
+    b: nn.Parameter
+    O: nn.Parameter | None
+    evaluated = ("valid", "test")  # scoring the 800,000 training tokens would cost more than an epoch of training
+
+    @classmethod
+    def rules(cls, cfg: Any) -> dict[str, Rule]:
+        return super().rules(cfg) | {
+            "optim.recipe": one_of(*RECIPES),
+            "optim.clip": optional(number(0, low_open=True)),
+            "optim.warmup": optional(number(0, 1, high_open=True)),
+            "model.width": at_least(1),
+            "model.layers": at_least(1),
+            "model.dropout": number(0, 1, high_open=True),
+            "model.tie": flag(),
+        }
+
+    def __init__(self, optim: dict[str, Any]) -> None:
+        super().__init__()
+        self.optim = dict(optim)
+        self.proposal: Proposal | None = None
+        self._state: Any = None  # a recurrent state carried from batch to batch (None: none yet, or no recurrence)
+        self._eval_state: Any = None  # the same while a split is scored, from the split's start
+        self._reset()
+
+    # -- what the network defines --
+    def hidden(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def reading(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool, seed: int) -> StreamBatches:
+        """`stream_loader` with the network's own length and kind."""
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, cfg: Any, corpus: Corpus) -> SequenceModule:
+        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), **{
+            k: v for k, v in cfg.model.items() if k != "_target_"
+        })
+
+    def carry(self, state: Any) -> Any:
+        """The state the next batch starts from (None: none; a recurrent one, detached)."""
+        return None
+
+    # -- the output layer --
+    @property
+    def output_weight(self) -> torch.Tensor:
+        return self.embedding.weight if self.O is None else self.O
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.b, h.reshape(-1, h.shape[-1]), self.output_weight.T)
+
+    # -- the interface callers ask (LanguageModule) --
+    def batches(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> Any:
+        return self.reading(corpus, split, batch_size, shuffle, seed)
+
+    def word_features(self) -> torch.Tensor:
+        return self.embedding.weight.detach()
+
+    @torch.no_grad()
+    def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
+        rows = []
+        with self._float32():
+            for ids in contexts:
+                h, _ = self.hidden(torch.tensor([self.window(ids)], dtype=torch.int64))
+                rows.append(F.log_softmax(self.logits(h[:, -1]), dim=-1)[0])
+        return torch.stack(rows)
+
+    def window(self, ids: list[int]) -> list[int]:
+        """The part of a context the network reads (all of it, unless it has a window)."""
+        return ids
+
+    # -- training --
+    def on_train_start(self) -> None:
+        """Sampled training draws from a proposal counted on the training stream (each target, the token before)."""
+        batches = self.trainer.train_dataloader
+        if self.optim.get("output", "exact") == "sampled" and isinstance(batches, StreamBatches):
+            vocab = self.b.numel()
+            self.proposal = Proposal(batches.inputs.cpu(), batches.targets.cpu(), vocab, self.optim["proposal"])
+            self.proposal.to(self.device)
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self._state = None
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        x, y, _ = batch
+        h, state = self.hidden(x, self._state)
+        self._state = self.carry(state)
+        h, y = h.reshape(-1, h.shape[-1]), y.reshape(-1)
+        if self.optim.get("output", "exact") == "sampled":
+            with self._float32():
+                o = self.optim
+                q = self.proposal.distribution(x.reshape(-1))
+                terms = [(h.float(), self.output_weight)]
+                loss = sampled_cross_entropy(terms, self.b, y, q, o["samples"], o["estimator"], sparse=False)
+        elif self.trainer.precision == "bf16-mixed":
+            loss = bf16_cross_entropy([(h, self.output_weight)], self.b, y)
+        else:
+            loss = F.cross_entropy(self.logits(h), y)
+        self._count(loss, len(y), batch_idx)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.optim.get("clip"):
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self.optim["clip"])
+
+    def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
+        o = self.optim
+        matrices = [p for p in self.parameters() if p.dim() >= 2]
+        others = [p for p in self.parameters() if p.dim() < 2]
+        groups = [{"params": matrices, "weight_decay": o["weight_decay"]}, {"params": others, "weight_decay": 0.0}]
+        if o["recipe"] == "sgd":
+            optimizer = torch.optim.SGD(groups, lr=o["lr"])
+            return [optimizer], schedules(optimizer, None, o.get("plateau_factor"), 1)
+        optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=(0.9, 0.98))
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        warmup = max(int(o.get("warmup", 0.0) * total), 1)
+
+        def rate(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            done = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * done))
+
+        return [optimizer], [{"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, rate), "interval": "step"}]
+
+    # -- exact evaluation: every scored token once, a split's state from its start --
+    def _token_nll(self, batch: Batch) -> torch.Tensor:
+        x, y, scored = batch
+        h, state = self.hidden(x, self._eval_state)
+        self._eval_state = self.carry(state)
+        keep = scored.reshape(-1)  # the output layer only where a token is scored: half a sliding window's
+        return F.cross_entropy(self.logits(h.reshape(-1, h.shape[-1])[keep]), y.reshape(-1)[keep], reduction="none")
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if batch_idx == 0:
+            self._eval_state = None
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if batch_idx == 0:
+            self._eval_state = None
+
+
+def stream_loader(
+    corpus: Corpus, split: str, batch_size: int, length: int, shuffle: bool, seed: int, kind: str
+) -> StreamBatches:
+    """A split as `kind` reads it (bptt or windows): for training (`shuffle`), `batch_size` rows of `length` tokens;
+    for evaluation, about `batch_size` tokens a batch (data.eval_batch_size), in order: one row of bptt walked
+    `batch_size` steps at a time, or sliding windows of `length` with stride length / 2."""
+    inputs, targets = inputs_targets(corpus, split)
+    if kind == "bptt":
+        return Bptt(inputs, targets, batch_size, length) if shuffle else Bptt(inputs, targets, 1, batch_size)
+    if shuffle:
+        return Chunks(inputs, targets, batch_size, length, seed)
+    return Sliding(inputs, targets, max(batch_size // length, 1), length, max(length // 2, 1))
