@@ -278,7 +278,7 @@ def test_epochs_a_resumed_run_replayed_count_once_in_its_curve(empty_store: Path
     brown = client.create_experiment("brown", artifact_location=str(tmp_path / "mlruns"))
     run_id = log_run(client, brown, ("experiment=mlp5",), 1, ppl=(180, 280, 260), epochs=(300, 280, 285))
     client.log_batch(run_id, metrics=[Metric("valid_ppl_epoch", 284.0, T0 + 1000, 2)])  # epoch 3, replayed
-    shown = pd.DataFrame([{"family": "mlp", "mix": "no", "status": "finished", "label": "MLP5", "run_ids": run_id}])
+    shown = pd.DataFrame([{"kind": "trained", "mix": "no", "status": "finished", "label": "MLP5", "run_ids": run_id}])
     assert tables.history(uri, shown) == {"MLP5": [(run_id, [300.0, 280.0, 284.0])]}
 
 
@@ -793,6 +793,7 @@ def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16() 
         {
             "row": ["MLP9", "MLP9"],
             "family": "mlp",
+            "kind": "trained",
             "mix": "no",
             "status": "finished",
             "config": [json.dumps(exact), json.dumps(sampled)],
@@ -853,7 +854,7 @@ def test_a_configuration_the_paper_did_not_run_is_named_after_its_row_without_th
     base = {"model._target_": "mlp", "model.n": "5", "model.h": "50", "model.m": "30", "model.direct": "True"}
     configs = pd.DataFrame(
         [
-            {"family": "mlp", "n": "5", "c": "", "h": "50", "m": "30", "direct": "yes", "mix": "no"}
+            {"family": "mlp", "kind": "trained", "n": "5", "c": "", "h": "50", "m": "30", "direct": "yes", "mix": "no"}
             | {"config": json.dumps(base | {"model.features": features})}
             | {f"{split}_ppl": 1.0 for split in ("train", "valid", "test")}
             for features in ("learned", "fixed_lsi")
@@ -875,6 +876,11 @@ def test_a_knob_figure_only_compares_rows_that_differ_in_that_knob_alone(tmp_pat
         {"family": "mlp", "n": "5", "c": "", "h": "100", "m": "30", "direct": "no", "mix": "no"},
         {"family": "kneser_ney", "n": "3", "c": "", "h": "", "m": "", "direct": "", "mix": ""},
         {"family": "kneser_ney", "n": "4", "c": "", "h": "", "m": "", "direct": "", "mix": ""},
+    ]
+    rows = [
+        r | ({"kind": "trained", "family_label": "MLP"} if r["family"] == "mlp" else {"kind": "counted"})
+        | ({"family_label": "Kneser-Ney back-off"} if r["family"] == "kneser_ney" else {})
+        for r in rows
     ]
     table = pd.DataFrame(rows).assign(status="finished", test_ppl=[250.0, 240.0, 320.0, 321.0], paper_test_ppl=np.nan)
     report = type("R", (), {"study": "s", "table": table, "extra": []})()

@@ -123,7 +123,7 @@ def test_every_mlp_run_lays_out_its_word_features_and_the_report_shows_them(
     assert re.fullmatch(r"The cat is walking in the bedroom: perplexity MLP [\d.]+, Del. Int. [\d.]+", perplexities)
     written = {p.name for p in write(report, tmp_path)}
     assert "brown_table1_features_map.png" in written
-    assert "## What the best MLP's word features learned" in (tmp_path / "brown_table1.md").read_text()
+    assert "## What the best trained row's word features learned" in (tmp_path / "brown_table1.md").read_text()
 
 
 def test_the_best_mlp_of_a_study_is_registered_once(mlp: tuple[Path, str, str]) -> None:

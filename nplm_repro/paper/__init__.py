@@ -23,7 +23,8 @@ PAPER_DATA = {  # §4, p. 1147: |V| and split sizes
     "ap": {"vocab_size": 17_964, "train": 13_994_528, "valid": 963_138, "test": 963_071},
 }
 ROW_NAMES = {"Back-off KN": "Kneser-Ney back-off"}  # Table 2's name for Table 1's row
-PAPER_MODEL, PAPER_TRIGRAM = "mlp", "deleted_interpolation"  # the families of eq. (1) and of the interpolated trigram
+# the families of eq. (1) and of the interpolated trigram, the two the paper's headline margins compare
+PAPER_MODEL, PAPER_TRIGRAM = "mlp", "deleted_interpolation"
 FAMILY_NAMES = {  # the tables' names of the model families, in the order of Table 1
     "mlp": "MLP",
     "deleted_interpolation": "Del. Int.",

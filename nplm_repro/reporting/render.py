@@ -95,16 +95,25 @@ def _recipe_line(report: Report) -> tuple[str, ...]:
     trainer.precision values they all share (what differs between rows is in the table's columns); evaluation is
     always the exact softmax."""
     shown = report.table[(report.table["kind"] != "counted") & (report.table["status"] == "finished")]
-    configs = [c for c in map(json.loads, shown.get("config", [])) if any(k.startswith("optim.") for k in c)]
+    rows = [(label, json.loads(c)) for label, c in zip(shown.get("label", []), shown.get("config", []))]
+    rows = [(label, c) for label, c in rows if any(k.startswith("optim.") for k in c)]
+    configs = [c for _, c in rows]
     if not configs:
         return ()
-    keys = sorted(k for k in configs[0] if k.startswith(("optim.", "trainer.precision")))
-    shared = [f"{k}={configs[0][k]}" for k in keys if all(c.get(k) == configs[0][k] for c in configs)]
+    how = ("optim.", "trainer.precision", "trainer.max_epochs")
+    keys = sorted({k for c in configs for k in c if k.startswith(how)})
+    shared = [k for k in keys if all(c.get(k) == configs[0].get(k) for c in configs)]
     line = (
-        f"Training recipe of the trained rows (what they share): {', '.join(shared)}. Every perplexity is the exact "
-        "softmax over every token of its split, whatever the training used."
+        f"Training recipe of the trained rows (what they share): {', '.join(f'{k}={configs[0][k]}' for k in shared)}. "
+        "Every perplexity is the exact softmax over every token of its split, whatever the training used."
     )
-    return (line,)
+    if len(shared) == len(keys):
+        return (line,)
+    own = []  # rows of several families train each with its own recipe: say it per row
+    for label, config in rows:  # what its label does not already say
+        mine = [f"{k}={config[k]}" for k in keys if k not in shared and k in config and k not in report.extra]
+        own += [f"{label}: {', '.join(mine)}"] if mine else []
+    return (line, "Each row's own: " + "; ".join(own) + ".") if own else (line,)
 
 
 def _runs_list(runs: pd.DataFrame) -> list[str]:
@@ -153,19 +162,20 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
 
 
 def _learned_sections(report: Report) -> list[Section]:
-    """What the best MLP's word features learned: nearest words of probe words, the paper's example sentences."""
+    """What the best trained row's word features learned (eq. (1)'s C, an LSTM's or a Transformer's embedding):
+    nearest words of probe words, the paper's example sentences."""
     learned = report.learned
     if learned is None:
         return []
-    where = f"{learned.label}, run {learned.run_id[:8]} (the best MLP on validation); its map is among the figures."
+    where = f"{learned.label}, run {learned.run_id[:8]} (the best trained row on validation); its map is a figure."
     return [
         Section(
-            "What the best MLP's word features learned: nearest words in C (cosine similarity)",
+            "What the best trained row's word features learned: nearest words (cosine similarity)",
             paragraphs=(where,),
             items=tuple(Item(line) for line in learned.neighbours),
         ),
         Section(
-            "The paper's example sentences (p. 1139): P(word | the words before it), MLP / Del. Int.",
+            "The paper's example sentences (p. 1139): P(word | the words before it), the model / Del. Int.",
             items=tuple(Item(line) for line in learned.sentences),
         ),
     ]

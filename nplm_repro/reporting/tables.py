@@ -84,8 +84,11 @@ def other_study_table(corpus: str, configs: pd.DataFrame) -> tuple[pd.DataFrame,
         m["row"] if m is not None else FAMILY_NAMES.get(r["family"]) or r["row_tag"] or r["family_label"]
         for m, (_, r) in zip(matched, table.iterrows())
     ]
-    # the keys that tell apart the configurations of one row name (seeds aside)
-    extras = {name: varying_keys(group) for name, group in table.groupby("row", sort=False)}
+    # the keys that tell configurations apart: among the paper's families, those that vary between any of them; among
+    # the others, those that vary between configurations of one row name
+    paper_family = table["family"].isin(list(FAMILY_NAMES))
+    extras = {name: varying_keys(group) for name, group in table[~paper_family].groupby("row", sort=False)}
+    extras |= dict.fromkeys(table.loc[paper_family, "row"], varying_keys(table[paper_family]))
     extra = sorted({k for keys in extras.values() for k in keys})
     for key in extra:
         table[key] = [json.loads(c).get(key, "") for c in table["config"]]
@@ -128,7 +131,7 @@ def with_best_epochs(table: pd.DataFrame, epochs: dict[str, dict[str, float]]) -
 
 @dataclass(frozen=True)
 class Learned:
-    """The best MLP's `features/` artifacts (tracking/features.py): neighbours of probe words, the paper's example
+    """The best trained row's `features/` artifacts (tracking/features.py): neighbours of probe words, the paper's example
     sentences, the map of the frequent words (PNG bytes)."""
 
     label: str
@@ -185,7 +188,7 @@ class Report:
     require_clean: bool = False
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
     recipe: recipe.Findings | None = None  # a study that declares `findings: recipe` (brown_recipe)
-    learned: Learned | None = None  # what the best MLP's features learned (its run's features/ artifacts)
+    learned: Learned | None = None  # what the best trained row's features learned (its run's features/ artifacts)
 
     @property
     def command(self) -> str:

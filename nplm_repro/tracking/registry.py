@@ -1,9 +1,10 @@
-"""The best MLP of a study in MLflow's Model Registry, as a version of `nplm-<experiment>-<study>` (the experiment is
-the corpus's, or debug_<corpus> for quick checks, which never join a study's registered model): what `mlflow models
-serve -m models:/nplm-brown-brown_table1/1` serves, and what the dashboard's Models page lists.
+"""The best trained model (an MLP, an LSTM, a Transformer) of a study in MLflow's Model Registry, as a version of
+`nplm-<experiment>-<study>` (the experiment is the corpus's, or debug_<corpus> for quick checks, which never join a
+study's registered model): what `mlflow models serve -m models:/nplm-brown-brown_table1/1` serves, and what the
+dashboard's Models page lists.
 
-Best: of the study's finished MLP runs (unmixed) on its newest data, the one with the lowest validation perplexity
-(never chosen on test). Its Model is that of the run itself, or of the run it adopted; a run from before runs logged a
+Best: of the study's finished trained runs (not counted, not mixed) on its newest data, the one with the lowest
+validation perplexity (never chosen on test). Its Model is that of the run itself, or of the run it adopted; a run from before runs logged a
 Model gets one from its checkpoint first. A study whose newest version already holds that Model registers nothing.
 The version is tagged with the row, the run, its valid and test perplexities and the data fingerprint.
 """
