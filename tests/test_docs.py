@@ -66,6 +66,7 @@ class Command:
     program: str
     args: tuple[str, ...]
     fails: str | None = None
+    pythonpath: str | None = None  # PYTHONPATH=... before it: where a family of one's own is imported from
 
     def __str__(self) -> str:
         return f"{self.where}: {self.program} {shlex.join(self.args)}"
@@ -127,11 +128,14 @@ def commands_of(text: str, name: str) -> Iterator[Command]:
             if token not in SEPARATORS:
                 segment.append(token)
                 continue
+            path = None
             while segment and (ASSIGNMENT.match(segment[0]) or segment[0] in {"do", "then", "else", "time"}):
-                segment.pop(0)  # VAR=value before a command, a shell keyword
+                word = segment.pop(0)  # VAR=value before a command, a shell keyword
+                path = word.removeprefix("PYTHONPATH=") if word.startswith("PYTHONPATH=") else path
             program = Path(segment[0]).name if segment else ""
             if program.startswith("nplm-"):
-                yield Command(f"{name}:{number}", program, tuple(segment[1:]), why.group("why") if why else None)
+                fails = why.group("why") if why else None
+                yield Command(f"{name}:{number}", program, tuple(segment[1:]), fails, path)
             segment = []
 
 
@@ -193,13 +197,17 @@ class Composer:
             self.groups[name] = bool(self.loader.get_group_options(name))
         return self.groups[name]
 
+    def first(self, override: Override) -> bool:
+        """An override of the defaults list: a config group's, or Hydra's search path (where groups are found)."""
+        return override.key_or_group == "hydra.searchpath" or self.is_group(override)
+
     def compose(self, config: str, overrides: list[str]) -> DictConfig | str:
         """The config with Hydra's own (`hydra`), or why it does not compose."""
         try:
             parsed = self.parser.parse_overrides(overrides)
         except Exception as error:  # noqa: BLE001 - an override Hydra cannot read is the finding
             return one_line(error)
-        groups = tuple(o.input_line for o in parsed if self.is_group(o))
+        groups = tuple(o.input_line for o in parsed if self.first(o))
         key = (config, groups)
         if key not in self.composed:
             try:
@@ -213,7 +221,7 @@ class Composer:
         OmegaConf.set_readonly(cfg, False)
         OmegaConf.set_struct(cfg, True)
         try:
-            ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if not self.is_group(o)], cfg)
+            ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if not self.first(o)], cfg)
         except Exception as error:  # noqa: BLE001 - as above
             return one_line(error)
         return cfg
@@ -347,6 +355,8 @@ def composer() -> Iterator[Composer]:
 def problems_of(command: Command, composer: Composer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     if command.program not in SCRIPTS:
         return [f"{command.program} is no command of this project (pyproject.toml's [project.scripts])"]
+    if command.pythonpath:  # relative to the project's root, where the docs' commands run
+        monkeypatch.syspath_prepend(str(ROOT / command.pythonpath))
     if command.program in HYDRA_APPS:
         return composer.problems(command.program, command.args)
     return argument_problems(command.program, command.args, monkeypatch)

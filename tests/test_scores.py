@@ -254,7 +254,7 @@ def test_neighbours_are_the_nearest_rows_of_c(
     assert done.returncode == 0, done.stderr
     head, the, of = done.stdout.strip().split("\n")
     assert head.endswith("3 nearest words by cosine similarity of C:")
-    module = RunScorer(uri, ids["mlp5"]).mlp()
+    module = RunScorer(uri, ids["mlp5"]).model()
     vocab = RunScorer(uri, ids["mlp5"]).corpus.vocab
     unit = torch.nn.functional.normalize(module.model.C.detach(), dim=1)
     similarity = unit @ unit[vocab.index("the")]

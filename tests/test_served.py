@@ -53,7 +53,7 @@ def exact(uri: str, run_id: str, words: list[str]) -> torch.Tensor:
     unk = index["<unk>"]
     context = torch.tensor([[index.get(w, unk) for w in words[-4:]][::-1]])
     with torch.no_grad():
-        return scorer.mlp()(context)[0].double()
+        return scorer.model()(context)[0].double()
 
 
 @pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes

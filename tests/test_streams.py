@@ -76,3 +76,27 @@ def test_exact_evaluation_equals_the_softmax_of_each_token_from_the_splits_start
                 expected.append(float(torch.log_softmax(module.logits(h[:, -1:]), -1)[0, targets[t]]))
             kept, expected = kept[picks], torch.tensor(expected)
     np.testing.assert_allclose(kept, np.asarray(expected, dtype=np.float32), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("experiment", ["lstm", "transformer"])
+@pytest.mark.parametrize("how", [("optim=fast", "32-true"), ("optim=fast", "bf16-mixed"), ("optim=sampled", "32-true")])
+def test_each_output_layer_trains_the_stream_models(experiment: str, how: tuple[str, str]) -> None:
+    """Exact in float32, exact with bfloat16 products, sampled: each takes steps with a finite loss that move the
+    output vectors (tied to the embedding)."""
+    optim, precision = how
+    cfg = composed(
+        f"experiment={experiment}", optim, f"data.path={TINY_BROWN}", *data_slice(3_000, 600, 600),
+        "model.width=16", "model.layers=1", "optim.batch_size=4", "optim.samples=50",
+        *(["model.heads=2", "model.context=16"] * (experiment == "transformer")),
+    )
+    L.seed_everything(1)
+    corpus = load_corpus(cfg.data)
+    module = build_module(cfg, corpus)
+    before = module.output_weight.detach().clone()
+    trainer = L.Trainer(
+        max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
+        precision=precision,
+    )
+    trainer.fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
+    assert np.isfinite(float(module._loss_sum)) and module._seen > 0
+    assert not torch.equal(before, module.output_weight.detach())

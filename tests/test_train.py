@@ -233,7 +233,7 @@ def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
     scores = [kept_scores(client, r.info.run_id) for r in (first, adopted)]
     assert all(np.array_equal(scores[0].splits[s].logprob, scores[1].splits[s].logprob) for s in ("valid", "test"))
     assert not [a for a in client.list_artifacts(adopted.info.run_id) if a.path == "checkpoints"]  # weights not copied
-    weights = [RunScorer(copy, r.info.run_id).mlp().model.C for r in (first, adopted)]  # nplm-score, nplm-ask
+    weights = [RunScorer(copy, r.info.run_id).model().model.C for r in (first, adopted)]  # nplm-score, nplm-ask
     assert torch.equal(*weights)
     third = ["-m", "study=brown_features", *mlp3_args(brown_path, copy), "model.features=learned", "report=null"]
     assert run_script("nplm-train", *third, cwd=tmp_path).returncode == 0

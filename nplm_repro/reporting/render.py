@@ -102,16 +102,19 @@ def _recipe_line(report: Report) -> tuple[str, ...]:
         return ()
     how = ("optim.", "trainer.precision", "trainer.max_epochs")
     keys = sorted({k for c in configs for k in c if k.startswith(how)})
+    # a family's own knobs (an LSTM's width, say), beside the columns of the paper's table, say what a row is
+    knobs = sorted({k for c in configs for k in c if k.startswith("model.") and k[6:] not in (*COLUMNS, "_target_")})
     shared = [k for k in keys if all(c.get(k) == configs[0].get(k) for c in configs)]
     line = (
         f"Training recipe of the trained rows (what they share): {', '.join(f'{k}={configs[0][k]}' for k in shared)}. "
         "Every perplexity is the exact softmax over every token of its split, whatever the training used."
     )
-    if len(shared) == len(keys):
+    mixed = [k for k in knobs if not all(c.get(k) == configs[0].get(k) for c in configs)]
+    if len(shared) == len(keys) and not mixed:
         return (line,)
     own = []  # rows of several families train each with its own recipe: say it per row
     for label, config in rows:  # what its label does not already say
-        mine = [f"{k}={config[k]}" for k in keys if k not in shared and k in config and k not in report.extra]
+        mine = [f"{k}={config[k]}" for k in [*mixed, *keys] if k not in shared and k in config and k not in report.extra]
         own += [f"{label}: {', '.join(mine)}"] if mine else []
     return (line, "Each row's own: " + "; ".join(own) + ".") if own else (line,)
 

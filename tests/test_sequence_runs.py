@@ -1,0 +1,80 @@
+"""The LSTM and the Transformer as rows: real short runs on a slice of Brown in a real store, their Model loaded
+in a fresh process, their test perplexity scored again by nplm-score's code, text continued by nplm-ask's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from helpers import SLICE, composed
+
+from nplm_repro.models.use import continue_ids
+from nplm_repro.perplexity import perplexity_of
+from nplm_repro.tracking import ledger
+from nplm_repro.tracking.scoring import RunScorer
+
+SMALL = {
+    "lstm": ["model.width=24", "model.layers=1", "optim.batch_size=8"],
+    "transformer": ["model.width=24", "model.layers=1", "model.heads=2", "model.context=32", "optim.batch_size=8"],
+}
+CONTEXT = "The Fulton County Grand Jury said Friday that"
+
+
+@pytest.fixture(scope="module", params=sorted(SMALL))
+def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """One short run of the family (sampled output layer, 20 steps) in a real store: its store and run id."""
+    workdir = tmp_path_factory.mktemp(request.param)
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    overrides = [f"data.path={brown_path}", *SLICE, "trainer.max_steps=20", "optim=sampled", "optim.samples=50"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        cfg = composed(f"experiment={request.param}", *overrides, *SMALL[request.param], f"tracking.uri={uri}",
+                       f"callbacks.model_checkpoint.dirpath={workdir}/c")
+        run_id, _ = ledger.run(cfg)
+    return uri, run_id
+
+
+@pytest.mark.slow  # two trainings and a fresh Python process: about 30 s
+def test_its_test_perplexity_is_scored_again_to_a_millionth(row: tuple[str, str]) -> None:
+    uri, run_id = row
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["family_kind"] == "trained"
+    assert set(run.data.metrics) >= {"valid_ppl", "test_ppl"} and "train_ppl" not in run.data.metrics
+    scorer = RunScorer(uri, run_id)
+    again = perplexity_of(np.exp(scorer.logprob(scorer.split("test")).astype(np.float64)))
+    assert again == pytest.approx(run.data.metrics["test_ppl"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_loads_its_model_and_gets_the_exact_softmax(row: tuple[str, str], tmp_path: Path) -> None:
+    uri, run_id = row
+    code = (
+        "import json, mlflow, pandas as pd\n"
+        f"mlflow.set_tracking_uri({uri!r})\n"
+        f"model = mlflow.pyfunc.load_model('runs:/{run_id}/model')\n"
+        f"out = model.predict(pd.DataFrame({{'context': [{CONTEXT!r}], 'next_word': ['the']}}), params={{'k': 3}})\n"
+        "print(json.dumps({'words': list(out['words'][0]), 'logprob': float(out['logprob'][0])}))\n"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    answer = json.loads(found.stdout.strip().splitlines()[-1])
+    scorer = RunScorer(uri, run_id)
+    module = scorer.model()
+    with torch.no_grad():
+        logp = module.next_logprobs([scorer.words(CONTEXT)])[0].double()
+    assert answer["logprob"] == pytest.approx(float(logp[scorer.corpus.vocab.index("the")]), rel=1e-5)
+    assert answer["words"] == [scorer.corpus.vocab[i] for i in logp.topk(3).indices]
+
+
+@pytest.mark.slow
+def test_it_continues_a_prompt_the_same_way_for_the_same_seed(row: tuple[str, str]) -> None:
+    uri, run_id = row
+    scorer = RunScorer(uri, run_id)
+    prompt, pad = scorer.words(CONTEXT), scorer.corpus.vocab.index("<eot>")
+    drawn = [continue_ids(scorer.model(), prompt, 5, 1.0, seed, pad) for seed in (1, 1, 2)]
+    assert drawn[0] == drawn[1] and len(drawn[0]) == 5
