@@ -253,7 +253,7 @@ def test_neighbours_are_the_nearest_rows_of_c(
     done = ask(workdir, "neighbours", ids["mlp5"], "the", "of", "--k", "3", "--tracking-uri", uri)
     assert done.returncode == 0, done.stderr
     head, the, of = done.stdout.strip().split("\n")
-    assert head.endswith("3 nearest words by cosine similarity of C:")
+    assert head.endswith("3 nearest words by cosine similarity of the word features:")
     module = RunScorer(uri, ids["mlp5"]).model()
     vocab = RunScorer(uri, ids["mlp5"]).corpus.vocab
     unit = torch.nn.functional.normalize(module.model.C.detach(), dim=1)
@@ -271,7 +271,7 @@ def test_ask_refuses_unknown_words_runs_and_n_grams_in_one_line(
     cases = {
         ("neighbours", ids["mlp5"], "thw"): "'thw' is not in the run's vocabulary",
         ("generate", ids["mlp5"], "--prompt", "The jurry"): "'jurry' is not in the run's vocabulary",
-        ("neighbours", ids["kn3"], "the"): "is a ngram run: generate and neighbours ask an MLP",
+        ("neighbours", ids["kn3"], "the"): "is a counted run: generate and neighbours ask a trained model",
         ("neighbours", "0" * 32, "the"): f"no run {'0' * 32} in the store",
         ("neighbours", ids["mlp5"]): "name at least one word",
     }

@@ -87,7 +87,7 @@ def test_bad_requests_are_invalid_parameter_errors(mlp: tuple[Path, str, str]) -
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
     cases = {
-        "": "has 0 tokens: this model reads the last 4",
+        "": "has 0 tokens: this model reads at least 4",
         "the jury": "has 2 tokens",
     }
     for context, words in cases.items():

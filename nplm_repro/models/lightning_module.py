@@ -88,8 +88,9 @@ class LanguageModule(L.LightningModule):
     _slots: list[int] | None = None
 
     def score_as(self, splits: Sequence[str]) -> None:
-        """`Trainer.test`'s dataloader i is split `splits[i]` (its perplexity is logged under that name)."""
-        self._slots = [SPLITS.index(s) for s in splits]
+        """`Trainer.test`'s dataloader i is split `splits[i]` (its perplexity is logged under that name); a span that is
+        no split (a user's text) takes slot i, as it always did."""
+        self._slots = [SPLITS.index(s) if s in SPLITS else i for i, s in enumerate(splits)]
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:

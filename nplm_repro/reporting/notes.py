@@ -213,8 +213,14 @@ def _arithmetic(vocab: str, samples: set[str | None]) -> list[str]:
     return [text]
 
 
+def setup(ctx: Context) -> list[str]:
+    """What the study declares of how its rows were set up (studies.yaml `setup`): searches, budgets, choices."""
+    return list(study_spec(ctx.study).get("setup", []))
+
+
 # The notes a study may declare (nplm_repro/reporting/studies.yaml), each with its heading
 NOTES: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
+    "setup": ("How its rows were set up", setup),
     "data_effect": ("What our data alone moves", data_effect),
     "other_mixtures": ("The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)", other_mixtures),
     "sampled_vs_exact": (

@@ -339,5 +339,6 @@ def run_name(run: pd.Series) -> str:
 
 def run_text(run: pd.Series) -> str:
     """A run as the lists under the table name it: row tag (or family), columns, run name and id."""
-    columns = ", ".join(f"{c}={run[c]}" for c in COLUMNS if run[c] != "")
-    return f"{run_name(run)} ({columns}; run {run['name']}, {run['run_id'][:8]}, seed {run['seed']})"
+    columns = "".join(f"{c}={run[c]}, " for c in COLUMNS if run[c] != "").removesuffix(", ")
+    which = f"run {run['name']}, {run['run_id'][:8]}, seed {run['seed']}"
+    return f"{run_name(run)} ({columns}; {which})" if columns else f"{run_name(run)} ({which})"
