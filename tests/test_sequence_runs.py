@@ -23,15 +23,17 @@ SMALL = {
     "lstm": ["model.width=24", "model.layers=1", "optim.batch_size=8"],
     "transformer": ["model.width=24", "model.layers=1", "model.heads=2", "model.context=32", "optim.batch_size=8"],
 }
-CONTEXT = "The Fulton County Grand Jury said Friday that"
+CONTEXT = "The jury said that it"
 
 
 @pytest.fixture(scope="module", params=sorted(SMALL))
 def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """One short run of the family (sampled output layer, 20 steps) in a real store: its store and run id."""
+    """One short run of the family (sampled output layer, 5 steps, then validation) in a real store: its store and
+    run id."""
     workdir = tmp_path_factory.mktemp(request.param)
     uri = f"sqlite:///{workdir}/mlflow.db"
-    overrides = [f"data.path={brown_path}", *SLICE, "trainer.max_steps=20", "optim=sampled", "optim.samples=50"]
+    overrides = [f"data.path={brown_path}", *SLICE, "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
+    overrides += ["optim=sampled", "optim.samples=50"]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
         cfg = composed(f"experiment={request.param}", *overrides, *SMALL[request.param], f"tracking.uri={uri}",
