@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-
-from hydra.utils import get_class
 
 from nplm_repro.cli import errors_exit
 from nplm_repro.data.brown import find_brown

@@ -100,3 +100,27 @@ def test_each_output_layer_trains_the_stream_models(experiment: str, how: tuple[
     trainer.fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
     assert np.isfinite(float(module._loss_sum)) and module._seen > 0
     assert not torch.equal(before, module.output_weight.detach())
+
+
+def test_the_recipes_clip_bounds_the_gradients_norm() -> None:
+    """optim.clip goes through Lightning's clipping: after each step the gradient's norm is at most the clip."""
+    cfg = composed(
+        "experiment=lstm", f"data.path={TINY_BROWN}", *data_slice(3_000, 600, 600), "model.width=16",
+        "model.layers=1", "optim.batch_size=4", "optim.clip=0.01", "trainer.precision=32-true",
+    )
+    L.seed_everything(1)
+    corpus = load_corpus(cfg.data)
+    module = build_module(cfg, corpus)
+    norms = []
+
+    class Norm(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+    trainer = L.Trainer(
+        max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
+        callbacks=[Norm()],
+    )
+    trainer.fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
+    assert len(norms) == 3 and max(norms) <= 0.01 * (1 + 1e-5)

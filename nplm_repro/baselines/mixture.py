@@ -26,7 +26,6 @@ from nplm_repro.rules import MIX_MODES, Rule, one_of
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
 
-
 class TrigramMixture:
     """Fit lambda on validation, then mix any tokens; weights[q] = (lambda, 1 - lambda) of bin q. Tokens come as
     their trigram windows (`ngram.split_windows`), so a user's text mixes as a split does."""
@@ -131,18 +130,18 @@ class Mixture:
         self.components, self.mode = list(components), mode
         self.fit_result: MixtureFit | None = None
 
-    def fit(self, valid: np.ndarray, bins: np.ndarray | None, n_bins: int) -> Mixture:
-        """`valid`: [tokens, K] each component's P of every validation token; `bins` their context bins (context)."""
-        k = valid.shape[1]
+    def fit(self, valid: np.ndarray, bins: np.ndarray | None = None, n_bins: int = 1) -> Mixture:
+        """`valid`: [tokens, K] each component's P of every validation token; `bins`: their context bins, given in
+        `context` mode only (`context_bins`), of `n_bins` bins."""
         if self.mode == "fixed":
-            self.weights = np.full((1, k), 1.0 / k)
+            self.weights = np.full((1, valid.shape[1]), 1.0 / valid.shape[1])
             return self
-        self.fit_result = fit_mixture(valid, bins if self.mode == "context" else None, n_bins if bins is not None else 1)
+        self.fit_result = fit_mixture(valid, bins, n_bins)
         self.weights = self.fit_result.weights
         return self
 
-    def probs(self, probs: np.ndarray, bins: np.ndarray | None) -> np.ndarray:
-        return mixture_probs(probs, self.weights, bins if self.mode == "context" else None)
+    def probs(self, probs: np.ndarray, bins: np.ndarray | None = None) -> np.ndarray:
+        return mixture_probs(probs, self.weights, bins)
 
     def describe(self) -> dict[str, object]:
         """Each component's weight (the mean over bins, weighted by their validation tokens, in `context` mode)."""

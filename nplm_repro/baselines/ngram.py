@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from hydra.utils import instantiate

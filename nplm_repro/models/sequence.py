@@ -139,9 +139,15 @@ class SequenceModule(LanguageModule):
         self._count(loss, len(y), batch_idx)
         return loss
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.optim.get("clip"):
-            torch.nn.utils.clip_grad_norm_(self.parameters(), self.optim["clip"])
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """The gradient's norm clipped at `optim.clip` (part of the recipe, so of the config's optim group), by
+        Lightning's own clipping; `trainer.gradient_clip_val` where the recipe sets none."""
+        self.clip_gradients(optimizer, self.optim.get("clip") or gradient_clip_val, gradient_clip_algorithm or "norm")
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim

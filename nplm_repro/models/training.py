@@ -1,4 +1,5 @@
-"""Training a LightningModule family (eq. (1), the LSTM, the Transformer) with Lightning, and its score of every token of a split (the run's kept scores, nplm-score)."""
+"""Training a LightningModule family (eq. (1), the LSTM, the Transformer) with Lightning, and its score of every
+token of a split (the run's kept scores, nplm-score)."""
 
 from __future__ import annotations
 

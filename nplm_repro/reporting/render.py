@@ -109,12 +109,12 @@ def _recipe_line(report: Report) -> tuple[str, ...]:
         f"Training recipe of the trained rows (what they share): {', '.join(f'{k}={configs[0][k]}' for k in shared)}. "
         "Every perplexity is the exact softmax over every token of its split, whatever the training used."
     )
-    mixed = [k for k in knobs if not all(c.get(k) == configs[0].get(k) for c in configs)]
-    if len(shared) == len(keys) and not mixed:
+    differing = [k for k in knobs if not all(c.get(k) == configs[0].get(k) for c in configs)]
+    if len(shared) == len(keys) and not differing:
         return (line,)
     own = []  # rows of several families train each with its own recipe: say it per row
     for label, config in rows:  # what its label does not already say
-        mine = [f"{k}={config[k]}" for k in [*mixed, *keys] if k not in shared and k in config and k not in report.extra]
+        mine = [f"{k}={config[k]}" for k in [*differing, *keys] if k not in shared and k in config and k not in report.extra]
         own += [f"{label}: {', '.join(mine)}"] if mine else []
     return (line, "Each row's own: " + "; ".join(own) + ".") if own else (line,)
 

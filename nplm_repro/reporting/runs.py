@@ -20,7 +20,7 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
-from nplm_repro.paper import COLUMNS, PAPER_TABLES, ROW_NAMES, paper_table, row_key
+from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS
 from nplm_repro.tracking.locks import sqlite_file
 from nplm_repro.tracking.store import check_store, redact, tracking_at
@@ -28,13 +28,10 @@ from nplm_repro.tracking.store import check_store, redact, tracking_at
 # Runs from before the tag `family`: their class's name, wherever it lived then.
 FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
 # Runs from before the tags `family_kind`, `family_label` and `family_colour` (tracking/keys.py `described`): what
-# their family would have said; an MLP with `model.mix` other than none was mixed.
-BEFORE_TAGS = {
-    "mlp": ("trained", "MLP", "C0"),
-    "deleted_interpolation": ("counted", "Del. Int.", "C1"),
-    "kneser_ney": ("counted", "Kneser-Ney back-off", "C1"),
-    "class_based": ("counted", "class-based back-off", "C1"),
-}
+# their family would have said (kind and colour; the label is the paper's name, FAMILY_NAMES); the n-grams were
+# counted, and an MLP with `model.mix` other than none was mixed.
+BEFORE_TAGS = {"mlp": ("trained", "C0")}
+COUNTED_BEFORE = ("counted", "C1")
 # Knobs a family gained after its first runs: the value those runs had without them.
 DEFAULTS_BEFORE = {"mlp": {"model.mix": "none", "model.features": "learned"}}
 # What a result depends on: a counted or mixed row, the data and the model's knobs; a trained one, its training too.
@@ -106,11 +103,11 @@ def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
 def _kind(run: pd.Series, family: str) -> tuple[str, str, str]:
     """(kind, label, colour) of a run's family: its tags, or what its family said before it tagged them."""
     kind, label, colour = (_text(run.get(f"tags.family_{k}")) for k in ("kind", "label", "colour"))
-    before = BEFORE_TAGS.get(family, ("counted", family, "C1"))
+    before_kind, before_colour = BEFORE_TAGS.get(family, COUNTED_BEFORE)
     if not kind:
         mixed = _text(run.get("params.model.mix")) not in ("", "none")
-        kind = "mixed" if mixed else before[0]
-    return kind, label or before[1], colour or before[2]
+        kind = "mixed" if mixed else before_kind
+    return kind, label or FAMILY_NAMES.get(family, family), colour or before_colour
 
 
 def tidy(raw: pd.DataFrame) -> pd.DataFrame:
