@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 
 from nplm_repro.cli import TRACEBACK, cli, store_arguments
 from nplm_repro.data.corpus import END_OF_TEXT, UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.models.use import continue_ids, nearest
 from nplm_repro.tracking import features as tracked
+from nplm_repro.tracking.best import row_run
 from nplm_repro.tracking.features import log_features
-from nplm_repro.tracking.scoring import RunScorer, find_row
+from nplm_repro.tracking.scoring import RunScorer
 from nplm_repro.tracking.store import existing_store
 
 
@@ -35,9 +37,15 @@ def _arguments() -> argparse.Namespace:
         command.add_argument("run_id", nargs="?", help="the MLP run (or --row and --study)")
     neighbours.add_argument("items", nargs="+", metavar="[RUN_ID] WORD", help="the MLP run (or --row), then words")
     for command in (generate, neighbours, features):
-        command.add_argument("--row", help="a paper row (MLP9, ...): the newest FINISHED run of it in --study")
+        command.add_argument(
+            "--row",
+            help="a row of --study (its runs' row tag: MLP9, ...): the run of it with the lowest valid perplexity, "
+            "of the row as the report shows it (tracking/best.py); with --run-seed, that seed's run",
+        )
         command.add_argument("--study", help="with --row: the study whose run is asked (tag study)")
-        command.add_argument("--run-seed", type=int, help="with --row: that seed's run (default: the newest)")
+        command.add_argument(
+            "--run-seed", type=int, help="with --row: that seed's run (default: the row's lowest valid perplexity)"
+        )
         command.add_argument("--experiment", default="brown", help="with --row: the MLflow experiment")
         command.add_argument("--data-path", help="the run's corpus, where its recorded path no longer holds it")
         store_arguments(command)
@@ -47,7 +55,9 @@ def _arguments() -> argparse.Namespace:
     generate.add_argument("--seed", type=int, default=1, help="the draws' seed: the same seed, the same text")
     generate.add_argument("--no-unk", action="store_true", help="never draw <unk>")
     features.add_argument("--log", action="store_true", help="attach them to the run (as runs now do when they end)")
-    neighbours.add_argument("--k", type=int, default=10, help="how many neighbours per word (default: 10)")
+    neighbours.add_argument(
+        "--k", type=int, default=10, help="neighbours per word (default: 10; at most the vocabulary's size - 1)"
+    )
     args = parser.parse_args()
     if args.command == "neighbours":  # with --row every item is a word, else the first names the run
         args.run_id, args.words = (None, args.items) if args.row else (args.items[0], args.items[1:])
@@ -57,8 +67,10 @@ def _arguments() -> argparse.Namespace:
         raise NplmError("name one run: a run id, or --row with --study")
     if args.row and not args.study:
         raise NplmError("--row needs --study: the study whose run of that row is asked")
-    if args.command == "generate" and (args.words < 1 or args.temperature < 0):
-        raise NplmError("--words must be at least 1 and --temperature at least 0")
+    if args.command == "generate" and args.words < 1:
+        raise NplmError(f"--words {args.words}: must be at least 1")
+    if args.command == "generate" and not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise NplmError(f"--temperature {args.temperature}: must be a finite number >= 0 (0: the most probable word)")
     if args.command == "neighbours" and args.k < 1:
         raise NplmError("--k must be at least 1")
     return args
@@ -68,17 +80,44 @@ def generate(scorer: RunScorer, args: argparse.Namespace) -> str:
     vocab = scorer.corpus.vocab
     prompt = scorer.words(args.prompt)
     never = (vocab.index(UNK),) if args.no_unk else ()
-    drawn = continue_ids(scorer.model(), prompt, args.words, args.temperature, args.seed, vocab.index(END_OF_TEXT), never)
+    drawn = continue_ids(
+        scorer.model(), prompt, args.words, args.temperature, args.seed, vocab.index(END_OF_TEXT), never
+    )
     shown = " ".join(vocab[i] for i in prompt) + " | " + " ".join(vocab[i] for i in drawn)
     how = f"temperature {args.temperature:g}, seed {args.seed}" if args.temperature else "most probable words"
     return f"run {scorer.run_id[:12]} ({scorer.name}), {args.words} words, {how}:\n{shown.strip()}"
 
 
-def neighbours(scorer: RunScorer, args: argparse.Namespace) -> str:
+def word_id(scorer: RunScorer, word: str) -> int:
+    """`word` as one entry of the run's vocabulary, so that each line's label is the word whose neighbours it shows:
+    the entry itself (`<unk>` too), else the word read as the run reads a text (an unknown word is an error naming
+    its closest spellings), which must be one word: an empty word, or one that reads as several, is refused."""
+    if not word.strip():
+        raise NplmError(f"neighbours: {word!r} is no word: name words of the run's vocabulary")
     vocab = scorer.corpus.vocab
-    ids = scorer.words(" ".join(args.words))
+    if word in vocab:
+        return vocab.index(word)
+    ids = scorer.words(word)
+    if len(ids) != 1:
+        read = " ".join(vocab[i] for i in ids) or "nothing"
+        raise NplmError(f"neighbours: {word!r} reads as {len(ids)} words of the run ({read}): name one word each")
+    return ids[0]
+
+
+def neighbours(scorer: RunScorer, args: argparse.Namespace) -> str:
+    """The `args.k` nearest words of each word (one vocabulary entry each, `word_id`); k beyond the others in the
+    vocabulary is refused, naming its size."""
+    vocab = scorer.corpus.vocab
+    if args.k > len(vocab) - 1:
+        raise NplmError(
+            f"--k {args.k}: the run's vocabulary has {len(vocab):,} words, so a word has at most {len(vocab) - 1:,} "
+            "neighbours"
+        )
+    ids = [word_id(scorer, word) for word in args.words]
     found = nearest(scorer.model().word_features(), ids, args.k)
-    lines = [f"run {scorer.run_id[:12]} ({scorer.name}), {args.k} nearest words by cosine similarity of the word features:"]
+    lines = [
+        f"run {scorer.run_id[:12]} ({scorer.name}), {args.k} nearest words by cosine similarity of the word features:"
+    ]
     for word, near in zip(args.words, found):
         lines.append(f"{word}: " + ", ".join(f"{vocab[i]} {s:.2f}" for i, s in near))
     return "\n".join(lines)
@@ -98,7 +137,7 @@ def _main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     args = _arguments()
     existing_store(args.tracking_uri)
-    run_id = args.run_id or find_row(args.tracking_uri, args.experiment, args.study, args.row, args.run_seed)
+    run_id = args.run_id or row_run(args.tracking_uri, args.experiment, args.study, args.row, args.run_seed)
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
     if scorer.kind != "trained":
         raise NplmError(f"run {run_id} is a {scorer.kind} run: generate and neighbours ask a trained model itself")

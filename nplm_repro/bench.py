@@ -332,10 +332,16 @@ def _probs_pass(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str)
 
 
 MEASURES = ("matmul", "baseline", "train", "sampled", "eval", "mixture", "ngram")
+LISTS = ("what", "precisions", "ngram_rows")  # the bench keys that are lists
 
 
 def check_bench(b: DictConfig) -> None:
-    """The bench keys, named in one line when wrong (the rest of the config is check_config's)."""
+    """The bench keys, named in one line when wrong (the rest of the config is check_config's). A list key given one
+    name (`bench.what=matmul`, which Hydra reads as a string) is that name's list: a string would be read letter by
+    letter."""
+    for key in LISTS:
+        if isinstance(b[key], str):
+            b[key] = [b[key]]
     if not b.what:
         raise NplmError(f"bench.what is empty: nothing to measure (name some of {', '.join(MEASURES)})")
     unknown = set(b.what) - set(MEASURES)

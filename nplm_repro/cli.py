@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.errors import NplmError, interrupted, one_line
+from nplm_repro.progress import close_displays
 
 EXIT_FAILED = 1  # anything else that went wrong: the run is FAILED, its traceback in the run's error.txt
 EXIT_BAD_INPUT = 2
@@ -35,7 +37,37 @@ HINTS = {
 }
 
 
+# Hydra's lexer refuses an unquoted value holding a character outside its grammar (ü, a dash —, #, an apostrophe),
+# naming the override: its key (with any +, ++ or ~ before it) is the one the hint quotes
+UNQUOTED = re.compile(r"LexerNoViableAltException: ([+~]*[^=\s]+)=")
+
+
+def hints(message: str) -> str:
+    """What to add to Hydra's one-line `message`: the fixes of HINTS whose words it holds, and how to quote a value
+    that Hydra's lexer refused (`UNQUOTED`)."""
+    found = "".join(hint for words, hint in HINTS.items() if words in message)
+    if refused := UNQUOTED.search(message):
+        found += (
+            " (a value with characters other than ASCII letters, digits, spaces and _-./ needs quotes: "
+            f"'{refused[1]}=\"...\"')"
+        )
+    return found
+
+
+def end_lines() -> None:
+    """Before a command's last line: the sweep's display stopped (`close_displays`) and every progress bar still
+    open (Lightning's, on stdout) closed, each ending its line. An open bar would otherwise be drawn again at exit,
+    after the error, and the error would start on the bar's line wherever the two streams go to one file."""
+    close_displays()
+    bars = sys.modules.get("tqdm.std")  # loaded with the first bar: a command without one has none to close
+    for bar in list(bars.tqdm._instances) if bars else []:
+        bar.leave = True  # drawn once more, then a newline
+        bar.close()
+    sys.stdout.flush()
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
+    end_lines()
     print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
     sys.exit(code)
 
@@ -66,7 +98,7 @@ def _fail_with(error: Exception, in_job: bool) -> NoReturn:
     if exit_code(error, in_job) == EXIT_FAILED:
         _fail(_unexpected(error), EXIT_FAILED)
     message = one_line(error)
-    _fail(message + "".join(hint for words, hint in HINTS.items() if words in message))
+    _fail(message + hints(message))
 
 
 @contextlib.contextmanager
@@ -131,6 +163,10 @@ WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # torch deprecates a class Lightning still uses
     r"Precision bf16-mixed is not supported by the model summary",  # Lightning's summary of the model's size
 )
+# Python's and loky's resource trackers, processes of their own, warn when they exit of each semaphore that a process
+# they served left behind; joblib kills a sweep's workers outright on Ctrl-C, so the warnings came after the command's
+# last line. The trackers still remove the semaphores; only the warning goes, for every process this one starts.
+TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
 
 
 class _Drop(logging.Filter):
@@ -143,9 +179,13 @@ class _Drop(logging.Filter):
 
 
 def quiet() -> None:
-    """Silence what the user cannot act on (`NOISE`, `WARNINGS`) in this process; a sweep's workers call it too.
+    """Silence what the user cannot act on (`NOISE`, `WARNINGS`) in this process, and `TRACKER_WARNING` in the
+    processes it starts; a sweep's workers call it too.
     MLflow's bar for each artifact it downloads is one too: a report reads every run's kept scores."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    filters = os.environ.get("PYTHONWARNINGS", "")
+    if TRACKER_WARNING not in filters.split(","):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (filters, TRACKER_WARNING)))
     for message in WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     for name, start in NOISE.items():
@@ -177,6 +217,7 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
         except (KeyboardInterrupt, SystemExit) as error:
             if not interrupted(error) or _user_wants_traceback:
                 raise
+            end_lines()
             print(f"{os.path.basename(sys.argv[0])}: {INTERRUPTED}", file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)
         except Exception as error:

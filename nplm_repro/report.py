@@ -4,9 +4,9 @@ nplm-report                                    # Table 1 (Brown) from ./mlflow.d
 nplm-report --study grid --fingerprint b45c28977b58c44b
 nplm-report --tracking-uri http://127.0.0.1:5000 --out /tmp/reports
 nplm-report --require-clean                    # only runs made from committed code (no git commit +dirty)
-nplm-report --study brown_table1 --register     # also register the study's best MLP (nplm-brown-brown_table1)
+nplm-report --study brown_table1 --register     # also register the study's best model (nplm-brown-brown_table1)
 
-Which runs make the table: nplm_repro/reporting/runs.py.
+Which runs make the table: nplm_repro/tracking/runs.py; which row and run are the best: nplm_repro/tracking/best.py.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def _main() -> None:
     parser.add_argument(
         "--register",
         action="store_true",
-        help="register the study's best MLP (lowest valid perplexity) as nplm-<experiment>-<study>, as a sweep does",
+        help="register the study's best trained model (tracking/best.py) as nplm-<experiment>-<study>@champion, "
+        "as a sweep does",
     )
     args = parser.parse_args()
     check_report_dir(str(args.out), f"--out {args.out}")
@@ -57,9 +58,11 @@ def _main() -> None:
     if args.register:
         from nplm_repro.tracking.registry import register_best  # loads torch: a report alone never does
 
-        registered = register_best(args.tracking_uri, experiment, args.study)
+        registered = register_best(args.tracking_uri, experiment, args.study, args.fingerprint, args.require_clean)
         print(
-            f"registered: models:/{registered}" if registered else "registered nothing: the study has no finished MLP"
+            f"registered: models:/{registered}, served as models:/{registered.rsplit('/', 1)[0]}@champion"
+            if registered
+            else "registered nothing: the study has no finished trained run with weights"
         )
 
 

@@ -4,6 +4,7 @@ was counted (as SRILM's `ngram -ppl` and KenLM's `query` print it).
 nplm-score 3f2a...                                   # a run id: its test split
 nplm-score --row MLP5 --study brown_table1 --split valid
 nplm-score 3f2a... --text story.txt --per-token story.tsv
+nplm-score 3f2a... --text tokens.txt --tokenized          # whitespace-separated tokens, read as they are
 nplm-score 3f2a... --log                             # attach kept scores to a run made before runs kept them
 
 The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py): MLP, n-gram and mixed runs alike.
@@ -21,25 +22,39 @@ from pathlib import Path
 import numpy as np
 
 from nplm_repro.cli import TRACEBACK, cli, store_arguments
+from nplm_repro.data.corpus import UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.tracking.best import row_run
 from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.scoring import RunScorer, Tokens, find_row
+from nplm_repro.tracking.scoring import RunScorer, Tokens, check_run_id
 from nplm_repro.tracking.store import existing_store
 
 TOLERANCE = 1e-6  # relative: kept scores must give the run's logged perplexity
+SHOWN_UNKNOWN = 10  # the most frequent words outside the vocabulary that are listed
 
 
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nplm-score", description=__doc__.splitlines()[0])
     parser.add_argument("run_id", nargs="?", help="the run to score (or --row and --study)")
-    parser.add_argument("--row", help="a paper row (MLP5, Del. Int., ...): the newest FINISHED run of it in --study")
+    parser.add_argument(
+        "--row",
+        help="a row of --study (its runs' row tag: MLP5, Del. Int., ...): the run of it with the lowest valid "
+        "perplexity, of the row as the report shows it (tracking/best.py); with --seed, that seed's run",
+    )
     parser.add_argument("--study", help="with --row: the study whose run is scored (tag study)")
-    parser.add_argument("--seed", type=int, help="with --row: that seed's run (default: the newest of any seed)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="with --row: that seed's run (default: the row's seed with the lowest valid perplexity)",
+    )
     parser.add_argument("--experiment", default="brown", help="with --row: the MLflow experiment (default: brown)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--split", choices=("train", "valid", "test"), help="a split of the run's data (default: test)")
-    where.add_argument("--text", type=Path, help="a text file, read with the run's reader and vocabulary")
+    where.add_argument("--text", type=Path, help="a text file, read as the run reads its corpus, and its vocabulary")
+    parser.add_argument(
+        "--tokenized", action="store_true", help="with --text: whitespace-separated tokens, read as they are"
+    )
     parser.add_argument("--per-token", type=Path, help="write token, text and ln P of every token to this TSV file")
     parser.add_argument("--log", action="store_true", help="attach the kept scores (valid, test) to a run lacking them")
     parser.add_argument("--data-path", help="the run's corpus, where its recorded path no longer holds it")
@@ -47,25 +62,56 @@ def _arguments() -> argparse.Namespace:
     args = parser.parse_args()
     if bool(args.run_id) == bool(args.row):
         raise NplmError("name one run: a run id, or --row with --study")
+    if args.run_id:
+        check_run_id(args.run_id)
     if args.row and not args.study:
         raise NplmError("--row needs --study: the study whose run of that row is scored")
+    if args.tokenized and not args.text:
+        raise NplmError("--tokenized says how --text is read: give --text")
     if args.log and (args.text or args.split or args.per_token):
         raise NplmError("--log scores valid and test, as a run keeps them: it takes no --split, --text or --per-token")
     if args.per_token and args.per_token.exists():
         raise NplmError(f"--per-token {args.per_token}: the file exists; name a new one")
     if args.per_token and not args.per_token.parent.is_dir():
         raise NplmError(f"--per-token {args.per_token}: no such directory {args.per_token.parent}")
+    if args.per_token:
+        writable(args.per_token)
     return args
 
 
+def writable(path: Path) -> None:
+    """Refuse a --per-token file that cannot be written, before any scoring: its `.part` is made and removed."""
+    partial = path.with_name(path.name + ".part")
+    try:
+        partial.open("w").close()
+        partial.unlink()
+    except OSError as error:
+        raise NplmError(f"--per-token {path}: cannot write in {path.parent} ({error.strerror or error})") from None
+
+
 def summary(scorer: RunScorer, tokens: Tokens, logprob: np.ndarray) -> str:
-    """One line: what was scored and counted, the total log-probability and the perplexity."""
+    """What was scored and counted, as SRILM's `ngram -ppl` prints it: tokens, texts and `<unk>` (their share), the
+    total log-probability and the perplexity; the same without the tokens that are `<unk>` (SRILM's perplexity,
+    which leaves out the words outside the vocabulary from both the sum and the count); for a user's text, its most
+    frequent words outside the vocabulary."""
     total = float(np.sum(logprob, dtype=np.float64))
     what = f"split {tokens.span}" if tokens.span != "text" else f"text {tokens.corpus.texts[0]}"
-    return (
-        f"run {scorer.run_id[:12]} ({scorer.name}), {what}: {tokens.size:,} tokens, {tokens.unk:,} <unk>, "
-        f"{tokens.texts:,} text{'s' * (tokens.texts != 1)}, logprob {total:,.2f} (ln), ppl {math.exp(-total / tokens.size):.3f}"
+    counted = (
+        f"run {scorer.run_id[:12]} ({scorer.name}), {what}: {tokens.size:,} tokens, "
+        f"{tokens.unk:,} <unk> ({tokens.unk / tokens.size:.2%}), {tokens.texts:,} text{'s' * (tokens.texts != 1)}, "
+        f"logprob {total:,.2f} (ln), ppl {math.exp(-total / tokens.size):.3f}"
     )
+    lines = [counted]
+    start, end = tokens.corpus.bounds[tokens.span]
+    known = (tokens.corpus.ids[start:end] != tokens.corpus.vocab.index(UNK)).numpy()
+    kept, count = float(np.sum(logprob[known], dtype=np.float64)), int(known.sum())
+    ppl = f"{math.exp(-kept / count):.3f}" if count else "none (every token is <unk>)"
+    lines.append(f"without <unk>: {count:,} tokens, logprob {kept:,.2f} (ln), ppl {ppl}")
+    if tokens.unknown:
+        top = ", ".join(f"{word} {n:,}" for word, n in tokens.unknown.most_common(SHOWN_UNKNOWN))
+        shown = min(SHOWN_UNKNOWN, len(tokens.unknown))
+        lines.append(f"<unk> words, the {shown} most frequent of {len(tokens.unknown):,}: {top}")
+    return "\n".join(lines)
 
 
 def write_per_token(path: Path, tokens: Tokens, logprob: np.ndarray) -> None:
@@ -103,12 +149,12 @@ def _main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # its device and tip lines, at every Trainer
     args = _arguments()
     existing_store(args.tracking_uri)
-    run_id = args.run_id or find_row(args.tracking_uri, args.experiment, args.study, args.row, args.seed)
+    run_id = args.run_id or row_run(args.tracking_uri, args.experiment, args.study, args.row, args.seed)
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
     if args.log:
         print(backfill(scorer))
         return
-    tokens = scorer.text(args.text) if args.text else scorer.split(args.split or "test")
+    tokens = scorer.text(args.text, args.tokenized) if args.text else scorer.split(args.split or "test")
     logprob = scorer.logprob(tokens)
     if args.per_token:
         write_per_token(args.per_token, tokens, logprob)

@@ -2,11 +2,14 @@
 test that needs one skipped with the reason when it is absent, and the tiny synthetic Brown always there."""
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import BROWN, TINY_BROWN, TREEBANK
+from helpers import BROWN, TINY_BROWN, TREEBANK, Done, in_process
 
+from nplm_repro import ask as nplm_ask
+from nplm_repro import score as nplm_score
 from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.corpus import Corpus
 
@@ -54,3 +57,15 @@ def _no_tracking_uri_leak(monkeypatch: pytest.MonkeyPatch) -> None:
     """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; put it back as it was after each test."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # records the value before the test, restored after it
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
+
+
+@pytest.fixture
+def score(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
+    """`nplm-score` run in this process: `score(workdir, *args)` gives its exit code, stdout and stderr."""
+    return in_process(nplm_score.main, "nplm-score", monkeypatch, capsys)
+
+
+@pytest.fixture
+def ask(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> Callable[..., Done]:
+    """`nplm-ask` run in this process, as `score`."""
+    return in_process(nplm_ask.main, "nplm-ask", monkeypatch, capsys)

@@ -12,10 +12,13 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
@@ -103,3 +106,30 @@ def evidence_of(
         logprob = -np.log(row.test_ppl) * tokens * factor
         sums[row.label] = {"test": [TextSums(tuple(range(texts)), logprob, tokens)], "valid": []}
     return Evidence(sums, {})
+
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def in_process(
+    main: Callable[[], None], name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> Callable[..., Done]:
+    """A console script run in this process (its import costs seconds): its exit code, stdout and stderr."""
+
+    def run(workdir: Path, *args: str) -> Done:
+        monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # restored after the test: the CLI wrapper sets it
+        monkeypatch.chdir(workdir)
+        monkeypatch.setattr(sys, "argv", [name, *args])
+        code = 0
+        try:
+            main()
+        except SystemExit as exit_:
+            code = exit_.code
+        out = capsys.readouterr()
+        return Done(code, out.out, out.err)
+
+    return run

@@ -1,6 +1,7 @@
 """The MLflow dashboard as a user sees it (issue 20): a sweep's runs in `mlflow ui`, rendered by headless Chromium.
 MLflow's UI is a React app that fetches everything after loading, so only a browser shows what is on screen: which
-view an experiment opens on, the sweep's parent run with its jobs nested under it, and each job's valid_ppl.
+view the link a sweep prints opens on (issue 41: MLflow 3's GenAI overview, without `workflowType`), the sweep's
+parent run with its jobs nested under it, and each job's valid_ppl.
 
 Chromium is driven over the DevTools protocol on a pipe (no Python dependency, no debugging port); the tests skip
 without it (Debian: `apt-get install chromium`). Screenshots of what was checked go to each test's tmp_path."""
@@ -26,11 +27,10 @@ import requests
 from helpers import SLICE, SWEEPS, console_script, free_port, run_script
 from mlflow.tracking import MlflowClient
 
+from nplm_repro.tracking.sweep import dashboard as link_of
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"),
-]
+BROWSER = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
 
 # Two n-gram rows of Table 1 (seconds each), one after the other, as a sweep with its MLflow parent run.
 SWEEP = ["-cd", str(SWEEPS), "-cn", "brown_table1", "hydra/launcher=basic", "experiment=kn3,del_int", "report=null"]
@@ -50,6 +50,7 @@ class Run:
 @dataclass(frozen=True)
 class Dashboard:
     url: str  # mlflow ui's, http://127.0.0.1:<port>
+    link: str  # what the sweep printed, to see its runs
     experiment_id: str
     parent: Run
     jobs: list[Run]  # nested under parent
@@ -210,23 +211,30 @@ def mlflow_ui(store: str, workdir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def dashboard(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
-    """A sweep of two n-gram rows into a fresh SQLite store, and `mlflow ui` serving it."""
+    """`mlflow ui` on a fresh SQLite store, and a sweep of two n-gram rows into it through that server, so that the
+    link the sweep prints is the server's page itself, opened as printed."""
     workdir = tmp_path_factory.mktemp("dashboard")
-    store = f"sqlite:///{workdir}/mlflow.db"
-    result = run_script("nplm-train", *SWEEP, f"data.path={brown_path}", *SLICE, f"tracking.uri={store}", cwd=workdir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    client = MlflowClient(store)
-    experiment_id = client.get_experiment_by_name("brown").experiment_id
-    runs = [
-        (r.data.tags.get("mlflow.parentRunId"), Run(r.info.run_id, r.info.run_name, r.data.metrics.get("valid_ppl")))
-        for r in client.search_runs([experiment_id])
-    ]
-    parents = [run for parent_id, run in runs if parent_id is None]
-    assert len(parents) == 1, f"one parent run expected, the store has {[run.name for _, run in runs]}"
-    jobs = [run for parent_id, run in runs if parent_id == parents[0].run_id]
-    assert len(jobs) == 2 and all(job.valid_ppl for job in jobs)
-    with mlflow_ui(store, workdir) as url:
-        yield Dashboard(url, experiment_id, parents[0], jobs)
+    with mlflow_ui(f"sqlite:///{workdir}/mlflow.db", workdir) as url:
+        result = run_script("nplm-train", *SWEEP, f"data.path={brown_path}", *SLICE, f"tracking.uri={url}", cwd=workdir)
+        assert result.returncode == 0, result.stderr[-3000:]
+        printed = re.findall(
+            r"sweep: its runs in MLflow's dashboard: (\S+)$", result.stdout + result.stderr, re.MULTILINE
+        )
+        assert len(printed) == 1, (result.stdout + result.stderr)[-3000:]
+        client = MlflowClient(url)
+        experiment_id = client.get_experiment_by_name("brown").experiment_id
+        runs = [
+            (
+                r.data.tags.get("mlflow.parentRunId"),
+                Run(r.info.run_id, r.info.run_name, r.data.metrics.get("valid_ppl")),
+            )
+            for r in client.search_runs([experiment_id])
+        ]
+        parents = [run for parent_id, run in runs if parent_id is None]
+        assert len(parents) == 1, f"one parent run expected, the store has {[run.name for _, run in runs]}"
+        jobs = [run for parent_id, run in runs if parent_id == parents[0].run_id]
+        assert len(jobs) == 2 and all(job.valid_ppl for job in jobs)
+        yield Dashboard(url, printed[0], experiment_id, parents[0], jobs)
 
 
 @pytest.fixture
@@ -235,30 +243,38 @@ def page(tmp_path: Path) -> Iterator[Page]:
         yield page
 
 
-def test_experiment_opens_on_its_runs_table(dashboard: Dashboard, page: Page, tmp_path: Path) -> None:
-    """A first visit to the experiment by the README's link shows the training runs, not MLflow 3's GenAI overview
-    of traces (which this project has none of). The link names the view: MLflow 3.17's UI opens any experiment
-    on its GenAI view in a fresh browser, whatever the experiment's `mlflow.experimentKind` (mlflow/mlflow#24498)."""
-    experiment = f"#/experiments/{dashboard.experiment_id}"
-    page.open(f"{dashboard.url}/{experiment}?workflowType=machine_learning")
+def test_a_sweep_links_the_runs_view_of_its_experiment() -> None:
+    """The page named as docs/tracking.md names it, with the view (`workflowType`), for a local store and a server
+    alike (its password redacted); the browser tests open the server's form as a sweep prints it."""
+    page = "#/experiments/1?workflowType=machine_learning"
+    assert link_of("sqlite:///mlflow.db", "1") == (
+        f"mlflow ui --backend-store-uri sqlite:///mlflow.db, then open http://127.0.0.1:5000/{page}"
+    )
+    assert link_of("http://user:secret@host:5000/", "1") == f"http://***@host:5000/{page}"
+
+
+@pytest.mark.slow
+@BROWSER
+def test_the_printed_link_opens_on_the_sweep_with_its_jobs_nested(
+    dashboard: Dashboard, page: Page, tmp_path: Path
+) -> None:
+    """A first visit by the link the sweep printed, exactly as printed, shows the training runs, not MLflow 3's GenAI
+    overview of traces (which this project has none of): MLflow 3.17's UI opens any experiment on its GenAI view in a
+    fresh browser, whatever the experiment's `mlflow.experimentKind` (mlflow/mlflow#24498), unless the link names
+    the view. There the sweep's parent run is one row; expanding it shows its jobs right under it, indented."""
+    experiment, parent = f"#/experiments/{dashboard.experiment_id}", dashboard.parent
+    assert dashboard.link == f"{dashboard.url}/{experiment}?workflowType=machine_learning"
+    page.open(dashboard.link)
     page.wait_for(f"location.hash.startsWith({json.dumps(experiment + '/')})", "a view of the experiment")
     page.wait_for("/ - Experiment \\d+ - MLflow$/.test(document.title)", "the view's title")
     view, title = page.evaluate("location.hash"), page.evaluate("document.title")
+    link = f"document.querySelector('[role=row] a[href$=\"/runs/{parent.run_id}\"]')"
     if view.startswith(f"{experiment}/runs"):
-        page.wait_for(f"document.querySelector('a[href$=\"/runs/{dashboard.parent.run_id}\"]')", "the sweep's run")
+        page.wait_for(link, "the sweep's parent run in the runs table")
     page.settle()  # for the screenshot, whichever view it is
     shot = page.screenshot(tmp_path / "dashboard.png")
     assert view.startswith(f"{experiment}/runs"), f"the experiment opens on {view} ({title!r}), not its runs: {shot}"
-    assert [link["name"] for link in page.run_links()] == [dashboard.parent.name]  # its jobs folded under it
-
-
-def test_sweep_is_one_row_with_its_jobs_nested_under_it(dashboard: Dashboard, page: Page, tmp_path: Path) -> None:
-    """The runs table lists the sweep's parent run alone; expanding it shows its jobs right under it, indented."""
-    parent = dashboard.parent
-    page.open(f"{dashboard.url}/#/experiments/{dashboard.experiment_id}/runs")
-    link = f"document.querySelector('[role=row] a[href$=\"/runs/{parent.run_id}\"]')"
-    page.wait_for(link, "the sweep's parent run in the runs table")
-    assert [row["name"] for row in page.run_links()] == [parent.name]
+    assert [row["name"] for row in page.run_links()] == [parent.name]  # its jobs folded under it
     expand = f"{link}.closest('[role=gridcell]').querySelector('button')"  # the +/- before the run's name
     assert page.evaluate(f"!!{expand}"), "the parent run has no expand button"
     page.evaluate(f"{expand}.click()")
@@ -271,6 +287,8 @@ def test_sweep_is_one_row_with_its_jobs_nested_under_it(dashboard: Dashboard, pa
     assert all(row["left"] > top["left"] for row in rest)  # indented: nested
 
 
+@pytest.mark.slow
+@BROWSER
 def test_each_jobs_run_page_shows_its_valid_ppl_and_its_parent(dashboard: Dashboard, page: Page) -> None:
     """The runs table hides metric columns until chosen; a job's own page shows its metrics and parent run."""
     for job in dashboard.jobs:

@@ -878,7 +878,8 @@ def test_a_knob_figure_only_compares_rows_that_differ_in_that_knob_alone(tmp_pat
         {"family": "kneser_ney", "n": "4", "c": "", "h": "", "m": "", "direct": "", "mix": ""},
     ]
     rows = [
-        r | ({"kind": "trained", "family_label": "MLP"} if r["family"] == "mlp" else {"kind": "counted"})
+        r
+        | ({"kind": "trained", "family_label": "MLP"} if r["family"] == "mlp" else {"kind": "counted"})
         | ({"family_label": "Kneser-Ney back-off"} if r["family"] == "kneser_ney" else {})
         for r in rows
     ]

@@ -36,8 +36,13 @@ def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pyte
     overrides += ["optim=sampled", "optim.samples=50"]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
-        cfg = composed(f"experiment={request.param}", *overrides, *SMALL[request.param], f"tracking.uri={uri}",
-                       f"callbacks.model_checkpoint.dirpath={workdir}/c")
+        cfg = composed(
+            f"experiment={request.param}",
+            *overrides,
+            *SMALL[request.param],
+            f"tracking.uri={uri}",
+            f"callbacks.model_checkpoint.dirpath={workdir}/c",
+        )
         run_id, _ = ledger.run(cfg)
     return uri, run_id
 

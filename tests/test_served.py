@@ -23,7 +23,7 @@ from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.features import PROBES
-from nplm_repro.tracking.registry import register_best
+from nplm_repro.tracking.registry import CHAMPION, register_best
 from nplm_repro.tracking.scoring import RunScorer
 from nplm_repro.tracking.served import model_of
 
@@ -127,8 +127,9 @@ def test_every_mlp_run_lays_out_its_word_features_and_the_report_shows_them(
 
 
 def test_the_best_mlp_of_a_study_is_registered_once(mlp: tuple[Path, str, str]) -> None:
-    """nplm-report --register's step: the study's best MLP becomes version 1 of nplm-<experiment>-<study>, tagged;
-    registering again adds no version while the best is the same Model."""
+    """nplm-report --register's step: the study's best MLP becomes version 1 of nplm-<experiment>-<study>, tagged,
+    with the alias `champion`, by which MLflow loads it; registering again adds no version while the best is the
+    same Model."""
     _, uri, run_id = mlp
     client = MlflowClient(uri)
     client.set_tag(run_id, "study", "probe")
@@ -139,5 +140,11 @@ def test_the_best_mlp_of_a_study_is_registered_once(mlp: tuple[Path, str, str]) 
     assert version.tags["row"] == "MLP5" and float(version.tags["valid_ppl"]) == pytest.approx(
         client.get_run(run_id).data.metrics["valid_ppl"], rel=1e-3
     )
+    assert client.get_model_version_by_alias("nplm-brown-probe", CHAMPION).version == version.version
+    mlflow.set_tracking_uri(uri)
+    champion = mlflow.pyfunc.load_model(f"models:/nplm-brown-probe@{CHAMPION}")  # the run's weights
+    words = champion.predict(pd.DataFrame({"context": [CONTEXT]}), params={"k": 3})["words"][0]
+    vocab = RunScorer(uri, run_id).corpus.vocab
+    assert words == [vocab[i] for i in exact(uri, run_id, CONTEXT.split()).topk(3).indices.tolist()]
     assert register_best(uri, "brown", "no_such_study") is None
     client.delete_tag(run_id, "study")

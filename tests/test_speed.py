@@ -201,7 +201,7 @@ def test_bench_trains_across_epochs_until_its_rounds_are_done(tiny_brown_path: P
         *data_slice(2_000, 1_000, 1_000),
         "experiment=mlp9",
         "bench.what=[train,sampled]",
-        "bench.precisions=[32-true]",
+        "bench.precisions=32-true",  # one name: the list of it
         "bench.warmup=20",
         "bench.min_seconds=0.01",
         "bench.repeats=2",

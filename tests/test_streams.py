@@ -51,8 +51,14 @@ def test_exact_evaluation_equals_the_softmax_of_each_token_from_the_splits_start
     """The kept score of every token is log softmax of the model run on the split from its start (LSTM: the state
     carried through the whole split; Transformer: the window before the token), checked token by token."""
     cfg = composed(
-        f"experiment={experiment}", f"data.path={TINY_BROWN}", *data_slice(3_000, 600, 600), "data.eval_batch_size=64",
-        "model.width=16", "model.layers=1", "trainer.precision=32-true", *(["model.heads=2", "model.context=32"] * (experiment == "transformer")),
+        f"experiment={experiment}",
+        f"data.path={TINY_BROWN}",
+        *data_slice(3_000, 600, 600),
+        "data.eval_batch_size=64",
+        "model.width=16",
+        "model.layers=1",
+        "trainer.precision=32-true",
+        *(["model.heads=2", "model.context=32"] * (experiment == "transformer")),
     )
     L.seed_everything(1)
     corpus = load_corpus(cfg.data)
@@ -70,8 +76,11 @@ def test_exact_evaluation_equals_the_softmax_of_each_token_from_the_splits_start
             expected = []
             for t in picks:
                 windows = starts[t]
-                start = next(s for s, done in zip(windows.starts, [0, *(s + 32 for s in windows.starts[:-1])])
-                             if s <= t < s + 32 and t >= done)
+                start = next(
+                    s
+                    for s, done in zip(windows.starts, [0, *(s + 32 for s in windows.starts[:-1])])
+                    if s <= t < s + 32 and t >= done
+                )
                 h, _ = module.hidden(inputs[None, start : t + 1])
                 expected.append(float(torch.log_softmax(module.logits(h[:, -1:]), -1)[0, targets[t]]))
             kept, expected = kept[picks], torch.tensor(expected)
@@ -85,8 +94,14 @@ def test_each_output_layer_trains_the_stream_models(experiment: str, how: tuple[
     output vectors (tied to the embedding)."""
     optim, precision = how
     cfg = composed(
-        f"experiment={experiment}", optim, f"data.path={TINY_BROWN}", *data_slice(3_000, 600, 600),
-        "model.width=16", "model.layers=1", "optim.batch_size=4", "optim.samples=50",
+        f"experiment={experiment}",
+        optim,
+        f"data.path={TINY_BROWN}",
+        *data_slice(3_000, 600, 600),
+        "model.width=16",
+        "model.layers=1",
+        "optim.batch_size=4",
+        "optim.samples=50",
         *(["model.heads=2", "model.context=16"] * (experiment == "transformer")),
     )
     L.seed_everything(1)
@@ -94,7 +109,11 @@ def test_each_output_layer_trains_the_stream_models(experiment: str, how: tuple[
     module = build_module(cfg, corpus)
     before = module.output_weight.detach().clone()
     trainer = L.Trainer(
-        max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
         precision=precision,
     )
     trainer.fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
@@ -105,8 +124,14 @@ def test_each_output_layer_trains_the_stream_models(experiment: str, how: tuple[
 def test_the_recipes_clip_bounds_the_gradients_norm() -> None:
     """optim.clip goes through Lightning's clipping: after each step the gradient's norm is at most the clip."""
     cfg = composed(
-        "experiment=lstm", f"data.path={TINY_BROWN}", *data_slice(3_000, 600, 600), "model.width=16",
-        "model.layers=1", "optim.batch_size=4", "optim.clip=0.01", "trainer.precision=32-true",
+        "experiment=lstm",
+        f"data.path={TINY_BROWN}",
+        *data_slice(3_000, 600, 600),
+        "model.width=16",
+        "model.layers=1",
+        "optim.batch_size=4",
+        "optim.clip=0.01",
+        "trainer.precision=32-true",
     )
     L.seed_everything(1)
     corpus = load_corpus(cfg.data)
@@ -119,7 +144,11 @@ def test_the_recipes_clip_bounds_the_gradients_norm() -> None:
             norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
 
     trainer = L.Trainer(
-        max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
         callbacks=[Norm()],
     )
     trainer.fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))

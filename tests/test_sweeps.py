@@ -174,9 +174,9 @@ def test_finished_sweep_keeps_its_report_and_headline_numbers_on_the_parent(tabl
 
 @pytest.mark.slow
 def test_a_finished_sweep_registers_its_best_mlp_and_mlflow_serves_it(table: tuple[Path, str, list[str]]) -> None:
-    """The study's MLP with the lowest valid perplexity (here its only one, MLP3) is version 1 of
-    nplm-brown-brown_table1, and `mlflow models serve` answers it over HTTP: the next words, a 4xx for a context
-    too short, and the server still answers after it."""
+    """The study's best run (here its only trained one, MLP3) is version 1 of nplm-brown-brown_table1, its
+    `champion`, and `mlflow models serve` of the champion (as docs/models.md serves it) answers it over HTTP: the
+    next words, a 4xx for a context too short, and the server still answers after it."""
     workdir, uri, _ = table
     client = MlflowClient(uri)
     (version,) = client.search_model_versions("name = 'nplm-brown-brown_table1'")
@@ -187,7 +187,8 @@ def test_a_finished_sweep_registers_its_best_mlp_and_mlflow_serves_it(table: tup
     )
     assert version.tags["data_fingerprint"] == mlp3["tags.data_fingerprint"]
     port = free_port()
-    serve = [console_script("mlflow"), "models", "serve", "-m", "models:/nplm-brown-brown_table1/1"]
+    assert client.get_model_version_by_alias("nplm-brown-brown_table1", "champion").version == version.version
+    serve = [console_script("mlflow"), "models", "serve", "-m", "models:/nplm-brown-brown_table1@champion"]
     serve += ["--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"MLFLOW_TRACKING_URI": uri}
     env["PATH"] = f"{Path(console_script('mlflow')).parent}{os.pathsep}{env['PATH']}"  # it starts `uvicorn` by name

@@ -112,8 +112,13 @@ class Mixture:
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
         components: Rule = (
-            lambda v: isinstance(v, Sequence) and not isinstance(v, str) and len(v) >= 2 and len(set(v)) == len(v)
-            and all(isinstance(x, str) and x.strip() for x in v),
+            lambda v: (
+                isinstance(v, Sequence)
+                and not isinstance(v, str)
+                and len(v) >= 2
+                and len(set(v)) == len(v)
+                and all(isinstance(x, str) and x.strip() for x in v)
+            ),
             "a list of at least two different row names",
         )
         return {"model.components": components, "model.mode": one_of(*MIX_MODES[1:])}

@@ -379,9 +379,10 @@ def prepare_text(
     return corpus
 
 
-def read_text_tokens(path: Path, data: Any) -> list[str]:
-    """A user's file as a run on a text corpus (`data`, its data config) reads its own: the same reader and
-    preprocessing, proper nouns judged on this file, before any vocabulary (`nplm-score --text`)."""
-    how = {"encoding": data.encoding, "tags": data.tags, "paragraphs": data.paragraphs, "drop": set(data.drop_lines)}
-    stream = read_source(str(path), "--text", None, **how)
+def read_text_tokens(text: str, name: str, data: Any) -> list[str]:
+    """A user's text as a run on a text corpus (`data`, its data config) reads its own files: the same reader and
+    preprocessing, proper nouns judged on this text, before any vocabulary (plain.py's `read_text`). `name` says
+    what the text is in errors."""
+    stream = Stream([], [], [], Counter())
+    _read_text(stream, name, text, data.tags, data.paragraphs, set(data.drop_lines))
     return preprocess(stream, len(stream.tokens), data.numbers, data.proper_nouns, data.lowercase)[0]

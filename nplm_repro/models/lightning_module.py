@@ -39,11 +39,10 @@ from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.features import FEATURES, lsi_features
-from nplm_repro.models.precision import PRECISIONS
 from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.precision import PRECISIONS
 from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS, Proposal, SparseSGD, sampled_cross_entropy
 from nplm_repro.rules import MIX_MODES, Rule, at_least, flag, number, one_of, optional
-
 
 _limit: Rule = (lambda v: type(v) is int and (v == -1 or v >= 1), "an integer >= 1, or -1 for no limit")
 TRAINING: dict[str, Rule] = {
@@ -237,7 +236,9 @@ class NPLMModule(LanguageModule):
     @classmethod
     def check(cls, cfg: Any) -> None:
         if cfg.model.h == 0 and not cfg.model.direct:
-            raise NplmError("model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)")
+            raise NplmError(
+                "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
+            )
 
     def __init__(
         self,

@@ -72,9 +72,11 @@ class SequenceModule(LanguageModule):
 
     @classmethod
     def build(cls, cfg: Any, corpus: Corpus) -> SequenceModule:
-        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), **{
-            k: v for k, v in cfg.model.items() if k != "_target_"
-        })
+        return cls(
+            vocab_size=corpus.vocab_size,
+            optim=dict(cfg.optim),
+            **{k: v for k, v in cfg.model.items() if k != "_target_"},
+        )
 
     def carry(self, state: Any) -> Any:
         """The state the next batch starts from (None: none; a recurrent one, detached)."""

@@ -28,12 +28,12 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from nplm_repro.paper import COLUMNS, FAMILY_NAMES, paper_table
+from nplm_repro.paper import COLUMNS, paper_table
 from nplm_repro.reporting import recipe
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, study_spec, verdict_of
 from nplm_repro.reporting.notes import SAMPLED_MARGIN, both_ways, speed_up
-from nplm_repro.reporting.runs import present
 from nplm_repro.reporting.tables import Report
+from nplm_repro.tracking.runs import present
 
 DPI = 110
 LIMIT = 40  # the most characters a label's line may have
@@ -452,9 +452,7 @@ def against_knob(report: Report, knob: str, path: Path | None = None) -> Figure 
 def _group_name(group: pd.DataFrame, others: list[str]) -> list[str]:
     """What a group's rows share: the family's name and the other knobs that have a value."""
     first = group.iloc[0]
-    return [first["family_label"]] + [
-        f"{k}={first[k]}" for k in others if k != "family" and str(first[k]) != ""
-    ]
+    return [first["family_label"]] + [f"{k}={first[k]}" for k in others if k != "family" and str(first[k]) != ""]
 
 
 # --- the headline figures a study declares (studies.yaml `figures`) ------------------------------------------------

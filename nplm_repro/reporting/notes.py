@@ -14,7 +14,9 @@ from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_k
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, combine, study_spec, verdict_of
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.runs import newest_finished, run_name, run_text, short_commit, trained_rows
+from nplm_repro.reporting.runs import run_name, run_text, short_commit
+from nplm_repro.tracking.best import trained_rows
+from nplm_repro.tracking.runs import newest_finished
 
 # The knobs of sampled training: without them, a sampled run and an exact run are the same model.
 # How a run trained, not what it trained: a sampled run and an exact one differing only in these are a pair. The

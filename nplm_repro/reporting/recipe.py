@@ -17,7 +17,7 @@ import pandas as pd
 from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.runs import present
+from nplm_repro.tracking.runs import present
 
 TABLE1 = "brown_table1"  # where the fast rows are: Table 1 as reproduced, in the same store
 TARGET = 0.03  # the paper-recipe MLPs should be within 3% of the paper's valid and test perplexities

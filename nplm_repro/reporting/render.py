@@ -114,7 +114,9 @@ def _recipe_line(report: Report) -> tuple[str, ...]:
         return (line,)
     own = []  # rows of several families train each with its own recipe: say it per row
     for label, config in rows:  # what its label does not already say
-        mine = [f"{k}={config[k]}" for k in [*differing, *keys] if k not in shared and k in config and k not in report.extra]
+        mine = [
+            f"{k}={config[k]}" for k in [*differing, *keys] if k not in shared and k in config and k not in report.extra
+        ]
         own += [f"{label}: {', '.join(mine)}"] if mine else []
     return (line, "Each row's own: " + "; ".join(own) + ".") if own else (line,)
 

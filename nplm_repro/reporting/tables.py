@@ -19,21 +19,11 @@ from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_SETUP, PAPER_TABLES, l
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims, study_spec
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.runs import (
-    assign_studies,
-    best,
-    choose_fingerprint,
-    configurations,
-    dirty,
-    history,
-    trained_rows,
-    present,
-    read_runs,
-    tidy,
-    varying_keys,
-)
+from nplm_repro.reporting.runs import history, varying_keys
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.tracking.best import best, best_row, seeds
 from nplm_repro.tracking.kept import artifacts, download
+from nplm_repro.tracking.runs import configurations, present, study_runs
 
 
 def _with_rel_diff(table: pd.DataFrame) -> pd.DataFrame:
@@ -141,15 +131,14 @@ class Learned:
     map_png: bytes
 
 
-def learned_features(uri: str, table: pd.DataFrame) -> Learned | None:
-    """The features/ artifacts of the trained MLP row with the lowest validation perplexity (its first seed that has
-    them), or None: no trained MLP row, or runs made before runs logged them (`nplm-ask features RUN --log`)."""
-    trained = trained_rows(table)
-    if trained.empty:
+def learned_features(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Learned | None:
+    """The features/ artifacts of the best trained row (tracking/best.py), of its best seed that has them, or None:
+    no trained row, or runs made before runs logged them (`nplm-ask features RUN --log`)."""
+    chosen = best_row(table)
+    if chosen is None:
         return None
-    best_row = trained.sort_values("valid_ppl").iloc[0]
     client = mlflow.MlflowClient(uri)
-    for run_id in best_row["run_ids"].split():
+    for run_id in seeds(chosen, runs)["run_id"]:
         if "features/map.png" not in artifacts(client, run_id, "features"):
             continue
         with tempfile.TemporaryDirectory() as into:
@@ -159,7 +148,7 @@ def learned_features(uri: str, table: pd.DataFrame) -> Learned | None:
                 for name in ("neighbours.md", "sentences.md")
             }
             png = (folder / "map.png").read_bytes()
-        return Learned(best_row["label"], run_id, lines["neighbours.md"], lines["sentences.md"], png)
+        return Learned(chosen["label"], run_id, lines["neighbours.md"], lines["sentences.md"], png)
     return None
 
 
@@ -212,29 +201,8 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
 
     `require_clean` leaves out the runs made from a work tree with uncommitted changes (their code is unknown or
     only in their git_diff.patch), before anything is chosen or averaged."""
-    raw = read_runs(uri, experiment)
-    all_runs = tidy(raw)
-    if all_runs.empty:
-        raise NplmError(
-            f"experiment {experiment!r} holds no nplm-repro runs (none of its {len(raw)} runs has a data_fingerprint tag)"
-        )
-    all_runs = assign_studies(all_runs)
-    left_out = 0
-    if require_clean:
-        unclean = dirty(all_runs)
-        left_out = int((unclean & (all_runs["study"] == study)).sum())
-        all_runs = all_runs[~unclean]
-    clean = f"; --require-clean left out {left_out} runs from dirty work trees" if left_out else ""
-    runs = all_runs[all_runs["study"] == study]
-    if runs.empty:
-        studies = ", ".join(sorted(all_runs["study"].unique()))
-        raise NplmError(f"no runs of study {study!r} in experiment {experiment!r} (its studies: {studies}{clean})")
-    fingerprint = choose_fingerprint(study, runs, fingerprint)
-    other = runs[runs["fingerprint"] != fingerprint]
-    runs = runs[runs["fingerprint"] == fingerprint]
-    if not (runs["state"] == "finished").any():
-        states = ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().sort_index().items())
-        raise NplmError(f"no finished runs of study {study!r} in experiment {experiment!r} ({states}{clean})")
+    found = study_runs(uri, experiment, study, fingerprint, require_clean)
+    all_runs, runs, other, fingerprint = found.every, found.runs, found.other, found.fingerprint
     configs = configurations(runs)
     if study in PAPER_TABLES and not ((configs["paper_row"] >= 0) & (configs["status"] == "finished")).any():
         raise NplmError(
@@ -291,9 +259,9 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         reproducibility=notes.reproducibility(table, runs, evidence, commits),
         history=curves,
         require_clean=require_clean,
-        left_out=left_out,
+        left_out=found.left_out,
         recipe=findings,
-        learned=learned_features(uri, table),
+        learned=learned_features(uri, table, runs),
     )
 
 

@@ -94,7 +94,9 @@ def sentences(module: LanguageModule, corpus: Corpus) -> list[str]:
             logp = module.next_logprobs([ids[:t] for t in range(need, len(ids))]).double()
         model = logp.gather(1, torch.tensor(ids[need:])[:, None])[:, 0].exp().numpy()
         counted = trigram.window_probs(np.array([ids[t - 2 : t + 1] for t in range(need, len(ids))]))
-        cells = [f"{w}{' (<unk>)' if w not in index else ''} {p:.3g} / {q:.3g}" for w, p, q in zip(words, model, counted)]
+        cells = [
+            f"{w}{' (<unk>)' if w not in index else ''} {p:.3g} / {q:.3g}" for w, p, q in zip(words, model, counted)
+        ]
         ppl = [float(np.exp(-np.log(p).mean())) for p in (model, counted)]
         lines.append(f"{sentence}: P(word | before) {name} / Del. Int.: {'; '.join(cells)}")
         lines.append(f"{sentence}: perplexity {name} {ppl[0]:.1f}, Del. Int. {ppl[1]:.1f}")
@@ -107,7 +109,9 @@ def log_features(client: mlflow.MlflowClient, run_id: str, module: LanguageModul
     with tempfile.TemporaryDirectory(prefix="nplm-features-") as tmp:
         folder = Path(tmp)
         near = "\n".join(f"- {line}" for line in neighbours(module, corpus))
-        (folder / "neighbours.md").write_text(f"# {title}: nearest words by word features (cosine similarity)\n\n{near}\n")
+        (folder / "neighbours.md").write_text(
+            f"# {title}: nearest words by word features (cosine similarity)\n\n{near}\n"
+        )
         said = "\n".join(f"- {line}" for line in sentences(module, corpus))
         (folder / "sentences.md").write_text(f"# {title}: the paper's example sentences\n\n{said}\n")
         draw_map(module, corpus, folder / "map.png", title)

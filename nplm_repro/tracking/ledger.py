@@ -145,7 +145,9 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[str]:
     found = []
     for name in cfg.model.components:
         while True:
-            runs = search(uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'")
+            runs = search(
+                uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'"
+            )
             seeded = [r for r in runs if r.data.params.get("seed") == str(cfg.seed)]
             done = [r for r in seeded if r.info.status == "FINISHED"]
             done = done or [r for r in runs if r.info.status == "FINISHED" and "model_key" not in r.data.tags]

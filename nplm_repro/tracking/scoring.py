@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import tempfile
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
@@ -25,10 +27,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.baselines.mixture import Mixture, TrigramMixture
 from nplm_repro.baselines.ngram import DeletedInterpolation, NgramModel, split_windows
-from nplm_repro.data.brown import brown_text
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
-from nplm_repro.data.text import read_text_tokens
+from nplm_repro.data.plain import read_text
 from nplm_repro.errors import NplmError
 from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.training import score_splits
@@ -39,6 +40,14 @@ from nplm_repro.tracking.served import model_of
 from nplm_repro.tracking.store import redact, store_error, tracking_at
 
 CHECKPOINT = "checkpoints/best.ckpt"  # where runs kept their weights before they logged a Model
+RUN_ID = re.compile(r"[0-9a-f]{32}")  # what MLflow's stores name a run: uuid4().hex
+
+
+def check_run_id(run_id: str) -> None:
+    """Refuse what cannot be a run id (a path, a run's name, a truncated id) before the store is asked, which would
+    answer with an error about itself."""
+    if not RUN_ID.fullmatch(run_id):
+        raise NplmError(f"{run_id!r} is not a run id: MLflow's run ids are 32 lowercase hex digits")
 
 
 def has_weights(client: mlflow.MlflowClient, run_id: str) -> bool:
@@ -51,12 +60,14 @@ TEXT = "text"  # the span a user's text takes in the corpus built around it
 
 @dataclass
 class Tokens:
-    """What is scored: a span of a corpus (a split, or a user's text in a corpus of its own), as counted."""
+    """What is scored: a span of a corpus (a split, or a user's text in a corpus of its own), as counted; for a
+    user's text also its words outside the run's vocabulary (a split's are not kept: its data holds ids)."""
 
     corpus: Corpus
     span: str
     unk: int = 0
     texts: int = 0
+    unknown: Counter = field(default_factory=Counter)
 
     @classmethod
     def of_split(cls, corpus: Corpus, split: str) -> Tokens:
@@ -81,6 +92,7 @@ class RunScorer:
 
     def __init__(self, uri: str, run_id: str, data_path: str | None = None, corpus: Corpus | None = None) -> None:
         """`corpus`: the run's data already read (a mixed row's, for its MLP), used if its fingerprint is the run's."""
+        check_run_id(run_id)
         self.uri, self.client = uri, mlflow.MlflowClient(uri)
         try:
             self.run = self.client.get_run(run_id)
@@ -156,10 +168,7 @@ class RunScorer:
     def words(self, text: str) -> list[int]:
         """The ids of a short text (a prompt), read as `text` reads a file, without the marks of its end; a word
         outside the run's vocabulary is an error naming it and its closest spellings."""
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "prompt.txt"
-            path.write_text(text)
-            words = self._read(path)
+        words = read_text(text, self.cfg.data, "the prompt")
         while words and words[-1] in (END_OF_PARAGRAPH, END_OF_TEXT):
             words.pop()
         index = {w: i for i, w in enumerate(self.corpus.vocab)}
@@ -170,28 +179,28 @@ class RunScorer:
                 raise NplmError(f"{word!r} is not in the run's vocabulary ({len(index):,} words){hint}")
         return [index[w] for w in words]
 
-    def _read(self, path: Path) -> list[str]:
-        """A file's words, with the run's own reader and preprocessing."""
+    def text(self, path: Path, tokenized: bool = False) -> Tokens:
+        """A user's text file, read as the run reads its corpus (plain.py's `read_text`; `tokenized`: its
+        whitespace-separated tokens as they are), its words outside the run's vocabulary as `<unk>`: a corpus of its
+        own over the run's vocabulary, the whole text one span. A file that is no text, or has no words, is refused:
+        it would be scored as a text of only its end marks."""
+        name = f"--text {path}"
+        encoding = "utf-8" if self.cfg.data.corpus == "brown" else self.cfg.data.encoding
         try:
-            raw = path.read_bytes()
+            text = path.read_bytes().decode(encoding).removeprefix("\ufeff")
         except OSError as error:
-            raise NplmError(f"--text {path}: cannot read ({error.strerror or error})") from None
-        if self.cfg.data.corpus == "brown":
-            try:
-                return brown_text(raw.decode("utf-8"))[0]
-            except UnicodeDecodeError as error:
-                raise NplmError(f"--text {path}: not UTF-8 at byte {error.start}") from None
-        return read_text_tokens(path, self.cfg.data)
-
-    def text(self, path: Path) -> Tokens:
-        """A user's text, read with the run's own reader and preprocessing, its words outside the run's vocabulary
-        as `<unk>`: a corpus of its own over the run's vocabulary, the whole text one span."""
-        words = self._read(path)
+            raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
+        except UnicodeDecodeError as error:
+            raise NplmError(f"{name}: not {encoding} text (byte {error.start}): a binary file?") from None
+        words = read_text(text, self.cfg.data, name, tokenized)
+        if all(w in (END_OF_PARAGRAPH, END_OF_TEXT) for w in words):
+            raise NplmError(f"{name}: no words in it (an empty or blank file): nothing to score")
         index = {w: i for i, w in enumerate(self.corpus.vocab)}
         unk = index[UNK]
         ids = torch.tensor([index.get(w, unk) for w in words], dtype=torch.int64)
         corpus = Corpus(self.corpus.name, self.corpus.vocab, ids, {TEXT: (0, len(ids))}, texts=(path.name,))
-        return Tokens(corpus, TEXT, int((ids == unk).sum()), 1)
+        unknown = Counter(w for w in words if w not in index)
+        return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, unknown)
 
     def logprob(self, tokens: Tokens) -> np.ndarray:
         """ln P of every token (float64 from a count, float32 values from an MLP's exact softmax)."""
@@ -286,28 +295,3 @@ class RunScorer:
             rows = split_windows(self.corpus, "valid", trigram.order)
             self._mixture = TrigramMixture(self.cfg.model.mix, trigram).fit(np.exp(valid.astype(np.float64)), rows)
         return self._mixture
-
-
-def find_row(uri: str, experiment: str, study: str, row: str, seed: int | None) -> str:
-    """The newest FINISHED run of `row` in `study`, on the data of the study's newest run."""
-    client = mlflow.MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        raise NplmError(f"the store has no experiment {experiment!r} (--experiment)")
-    newest = client.search_runs(
-        [found.experiment_id], f"tags.study = '{study}'", order_by=["attributes.start_time DESC"], max_results=1
-    )
-    if not newest:
-        raise NplmError(f"no run of study {study!r} in experiment {experiment!r}")
-    fingerprint = newest[0].data.tags.get("data_fingerprint", "")
-    query = (
-        f"tags.study = '{study}' and tags.row = '{row}' and tags.data_fingerprint = '{fingerprint}'"
-        " and attributes.status = 'FINISHED'"
-    )
-    if seed is not None:
-        query += f" and params.seed = '{seed}'"
-    runs = client.search_runs([found.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
-        seeds = f" with seed {seed}" if seed is not None else ""
-        raise NplmError(f"no FINISHED run of row {row!r}{seeds} in study {study!r} on data {fingerprint}")
-    return runs[0].info.run_id

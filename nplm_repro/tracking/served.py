@@ -35,6 +35,7 @@ from mlflow.types import ColSpec, DataType, Schema
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
+from nplm_repro.errors import NplmError
 
 MODEL = "model"  # the logged model's name: runs:/<run id>/model
 WEIGHTS = "weights"  # the artifact key of the checkpoint inside the Model
@@ -65,20 +66,16 @@ class NextWords(mlflow.pyfunc.PythonModel):
         self.index = {w: i for i, w in enumerate(self.vocab)}
 
     def tokens(self, text: object) -> list[str]:
-        """A context's tokens, read as the run read its corpus, without the marks of a text's end."""
+        """A context's tokens, read as the run read its corpus (plain.py's `read_text`), without the marks of a
+        text's end; a context that is no text is a bad request."""
+        from nplm_repro.data.plain import read_text
+
         if not isinstance(text, str):
             raise _refuse(f"a context must be a string, not {type(text).__name__}: {text!r}")
-        if self.data.corpus == "brown":
-            from nplm_repro.data.brown import brown_text
-
-            words = brown_text(text)[0]
-        else:
-            from nplm_repro.data.text import read_text_tokens
-
-            with tempfile.TemporaryDirectory() as folder:
-                path = Path(folder) / "context.txt"
-                path.write_text(text, encoding=self.data.encoding)
-                words = read_text_tokens(path, self.data)
+        try:
+            words = read_text(text, self.data, "the context")
+        except NplmError as error:
+            raise _refuse(str(error)) from None
         while words and words[-1] in (END_OF_PARAGRAPH, END_OF_TEXT):
             words.pop()
         return words

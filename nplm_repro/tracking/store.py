@@ -13,7 +13,11 @@ from pathlib import Path
 
 import mlflow
 import requests
+from mlflow.store.db.db_types import DATABASE_ENGINES
 from mlflow.tracking._tracking_service.utils import _tracking_store_registry  # the schemes MLflow can open
+from sqlalchemy import create_engine
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import NullPool
 
 from nplm_repro.errors import NplmError
 from nplm_repro.tracking.locks import sqlite_file, store_lock
@@ -87,8 +91,9 @@ def store_error(error: Exception) -> str:
 def reach_store(uri: str) -> None:
     """The checks of a store that write nothing, in one line each, made before a corpus is read: an HTTP store
     must answer /health within 10 s (MLflow's client would retry for minutes), a scheme must be one MLflow
-    knows, and a new SQLite file goes only into a folder that exists (a mistyped path must not start a store in
-    a new folder)."""
+    knows, a SQLite URI must name a file (an in-memory store would lose the run), a new SQLite file goes only into
+    a folder that exists (a mistyped path must not start a store in a new folder), and a database must answer at
+    once (`reach_database`)."""
     if uri.startswith(("http://", "https://")):
         try:
             requests.get(uri.rstrip("/") + "/health", timeout=10).raise_for_status()
@@ -101,11 +106,59 @@ def reach_store(uri: str) -> None:
     except Exception as error:  # noqa: BLE001  an unknown scheme; MLflow's message lists the known ones
         raise NplmError(f"tracking store {redact(uri)!r} is unusable: {redact(store_error(error))}") from None
     path = sqlite_file(uri)
+    if uri.startswith("sqlite:") and path is None:
+        raise NplmError(
+            f"tracking store {redact(uri)!r} names no database file, so the run would be kept in memory and lost: "
+            "write sqlite:///mlflow.db (a path relative to here) or sqlite:////absolute/path/mlflow.db"
+        )
+    if path is not None and path.is_dir():
+        raise NplmError(
+            f"tracking store {redact(uri)!r}: {path} is a folder, not a database file: name a file in it "
+            f"(sqlite:///{path / 'mlflow.db'})"
+        )
     if path is not None and not path.parent.is_dir():
         raise NplmError(
             f"tracking store {redact(uri)!r}: no folder {path.parent} (a new store's file is created, never its "
             "folder): create the folder, or correct the path"
         )
+    reach_database(uri)
+
+
+DATABASE_TIMEOUT = 10  # seconds to connect to a database store, as an HTTP store gets to answer /health
+
+
+def reach_database(uri: str) -> None:
+    """One connection to a database store (PostgreSQL, MySQL, SQL Server), within DATABASE_TIMEOUT seconds where
+    its driver takes a timeout, or an existing SQLite file opened read-only: MLflow retries a store it cannot open
+    ten times, a warning each, for about two minutes, and says only then that its driver is not installed."""
+    path = sqlite_file(uri)
+    if path is not None:
+        if path.is_file():
+            try:
+                read_only = f"{path.resolve().as_uri()}?mode=ro"
+                with contextlib.closing(sqlite3.connect(read_only, uri=True, timeout=DATABASE_TIMEOUT)) as db:
+                    db.execute("SELECT count(*) FROM sqlite_master")
+            except sqlite3.Error as error:
+                raise NplmError(f"tracking store {redact(uri)!r} is unusable: {path}: {error}") from None
+        return
+    scheme = uri.partition(":")[0]
+    if scheme.split("+")[0] not in DATABASE_ENGINES:
+        return  # a server's (checked above) or MLflow's own files
+    timeout = {"connect_timeout": DATABASE_TIMEOUT} if scheme.startswith(("postgresql", "mysql")) else {}
+    try:
+        engine = create_engine(uri, connect_args=timeout, poolclass=NullPool)
+    except (ImportError, ArgumentError) as error:  # ArgumentError: a driver SQLAlchemy does not know
+        raise NplmError(
+            f"tracking store {redact(uri)!r}: cannot load the database driver of {scheme}:// "
+            f"({redact(str(error))}): install it, or name an installed one in the URI's scheme"
+        ) from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as error:  # noqa: BLE001  each driver raises its own types; all mean the same here
+        raise NplmError(f"tracking store {redact(uri)!r} is unreachable: {redact(store_error(error))}") from None
+    finally:
+        engine.dispose()
 
 
 def check_store(uri: str, create: bool = True, experiment: str | None = None) -> None:

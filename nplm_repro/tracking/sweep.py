@@ -17,12 +17,14 @@ with its report listing the failed rows, after a failed job; KILLED after Ctrl-C
 runs of joblib's workers, which joblib kills outright (each once its config_lock shows the worker gone), the runs
 it resumed from earlier sweeps included (tag `resumed_in`).
 
-A sweep whose jobs all ran registers its study's best MLP (tracking/registry.py) unless `tracking.register=false`.
-The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`),
-looked up when the sweep ends: tracking does not import the reporting code. It returns the files it wrote and
-the study's headline numbers, which the parent run keeps as artifacts (`report/`) and metrics. A report that
-cannot be written fails a sweep whose jobs all ran: Hydra turns a callback's error into a warning and exits 0,
-so the parent run ends FAILED with the tag `error`, and `ends_sweeps` raises the error once Hydra returns.
+The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`,
+what `nplm-report` writes), looked up when the sweep ends: tracking does not import the reporting code. It returns
+the files it wrote and the study's headline numbers, which the parent run keeps as artifacts (`report/`) and
+metrics. Then, as `nplm-report --register` does after its report, a sweep whose jobs all ran registers its study's
+best trained model (tracking/registry.py) unless `tracking.register=false`; a run without weights is passed over
+there, never a failure. A report that cannot be written, or a registration that fails, fails a sweep whose jobs
+all ran: Hydra turns a callback's error into a warning and exits 0, so the parent run ends FAILED with the tag
+`error`, and `ends_sweeps` raises the error once Hydra returns.
 """
 
 from __future__ import annotations
@@ -145,11 +147,15 @@ class ReportNotWritten(Exception):
     """The jobs of a sweep ran, but its study's report could not be written."""
 
 
+class NotRegistered(Exception):
+    """The jobs of a sweep ran and its report was written, but its study's best model could not be registered."""
+
+
 class MlflowSweep(Callback):
     """Open one MLflow parent run per multirun and nest every job's run under it (tag mlflow.parentRunId)."""
 
     open: ClassVar[MlflowSweep | None] = None  # the sweep this process launched, until it ends
-    failure: ClassVar[ReportNotWritten | None] = None  # why a sweep whose jobs all ran failed, for `ends_sweeps`
+    failure: ClassVar[Exception | None] = None  # why a sweep whose jobs all ran failed, for `ends_sweeps`
 
     def __init__(self, report_with: str | None = None) -> None:
         # "module.function"(uri, experiment, study, out) -> (files, metrics): writes the study's report
@@ -220,21 +226,31 @@ class MlflowSweep(Callback):
 
     def end(self, status: str) -> None:
         """End the parent run; unless interrupted, first write the study's report (failed rows listed as failed)
-        and keep it on the parent run. A report that cannot be written ends a sweep whose jobs all ran FAILED, with
-        the tag `error`, and is kept in `MlflowSweep.failure` for `ends_sweeps`; after a failed job it is only
-        logged (the job's error is the sweep's). A study with nothing to report is a warning (`report_with`'s)."""
+        and keep it on the parent run, then, if every job ran, register the study's best model, as `nplm-report
+        --register` does. A report that cannot be written, or a registration that fails, ends a sweep whose jobs
+        all ran FAILED, with the tag `error`, and is kept in `MlflowSweep.failure` for `ends_sweeps`; after a failed
+        job it is only logged (the job's error is the sweep's). A study with nothing to report is a warning
+        (`report_with`'s), one with nothing to register a line of the log (`register_best`'s)."""
         MlflowSweep.open = None
+        registering = False
         try:
-            if status == "FINISHED" and self.register and self.study:
-                register_best(self.uri, self.experiment, self.study)
             if status != "KILLED" and self.writes_report():
                 report = get_method(self.report_with)
                 self.keep_report(*report(self.uri, self.experiment, self.study, Path(self.report)))
-        except Exception as error:  # noqa: BLE001  whatever stopped it, the report is missing
-            failure = ReportNotWritten(
-                f"report={self.report}: the study's report was not written: {type(error).__name__}: "
-                f"{one_line(error)} (its runs are recorded: nplm-report --study {self.study} writes it)"
-            )
+            if status == "FINISHED" and self.register and self.study:
+                registering = True
+                register_best(self.uri, self.experiment, self.study)
+        except Exception as error:  # noqa: BLE001  whatever stopped it, the report or the registration is missing
+            if registering:
+                failure: Exception = NotRegistered(
+                    f"the study's best model was not registered: {type(error).__name__}: {one_line(error)} (its "
+                    f"runs and report are recorded: nplm-report --study {self.study} --register registers it)"
+                )
+            else:
+                failure = ReportNotWritten(
+                    f"report={self.report}: the study's report was not written: {type(error).__name__}: "
+                    f"{one_line(error)} (its runs are recorded: nplm-report --study {self.study} writes it)"
+                )
             failure.__context__ = error  # the traceback, for HYDRA_FULL_ERROR=1
             log.error("sweep: %s", redact(str(failure)))
             if status == "FINISHED" and self.parent_run_id:
@@ -282,9 +298,15 @@ class MlflowSweep(Callback):
                     )
 
 
+# The experiment's runs, not MLflow 3's GenAI overview of traces, on which its UI opens any experiment in a browser
+# that has not chosen otherwise (docs/tracking.md): the UI's own query for its "Model training" view
+RUNS_VIEW = "workflowType=machine_learning"
+
+
 def dashboard(uri: str, experiment_id: str | None) -> str:
-    """Where a user sees an experiment's runs: the server's page, or the command that serves a local store."""
-    page = f"#/experiments/{experiment_id}"
+    """Where a user sees an experiment's runs: the server's page, or the command that serves a local store; the
+    link opens on the runs table."""
+    page = f"#/experiments/{experiment_id}?{RUNS_VIEW}"
     if uri.startswith(("http://", "https://")):
         return f"{redact(uri).rstrip('/')}/{page}"
     return f"mlflow ui --backend-store-uri {redact(uri)}, then open http://127.0.0.1:5000/{page}"

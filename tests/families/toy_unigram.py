@@ -46,4 +46,4 @@ class Unigram(NgramModel):
         return self.probs[rows[:, -1]]
 
     def describe(self) -> dict[str, object]:
-        return {"add": self.add, "types": int(len(self.probs))}
+        return {"add": self.add, "types": len(self.probs)}
