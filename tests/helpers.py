@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,16 @@ def data_slice(train: int, valid: int, test: int) -> list[str]:
 
 SLICE = data_slice(20_000, 4_000, 4_000)  # the usual slice of Brown: 28k tokens, texts ca01..ca13
 SLICE_5K = data_slice(20_000, 5_000, 5_000)  # the sweeps' slice
+
+
+def slice_texts(brown_path: Path, into: Path) -> Path:
+    """SLICE's texts (ca01..ca13) unzipped into the folder `into`/brown, so that a run reads those and not all 500."""
+    folder = into / "brown"
+    folder.mkdir()
+    with zipfile.ZipFile(brown_path) as archive:
+        for text in (f"ca{i:02}" for i in range(1, 14)):
+            (folder / text).write_bytes(archive.read(f"brown/{text}"))
+    return folder
 
 
 def composed(*overrides: str, hydra_config: bool = False) -> DictConfig:

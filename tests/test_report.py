@@ -9,14 +9,13 @@ import functools
 import json
 import shutil
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import PAPER, SLICE, composed, evidence_of, run_script
+from helpers import PAPER, SLICE, composed, evidence_of, run_script, slice_texts
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
@@ -70,10 +69,7 @@ def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.Tem
     The slice's 13 texts (ca01..ca13) are unzipped into a folder, so each row reads those and not all 500."""
     workdir = tmp_path_factory.mktemp("real")
     uri = store_in(workdir, empty_store)
-    (workdir / "brown").mkdir()
-    with zipfile.ZipFile(brown_path) as archive:
-        for text in (f"ca{i:02}" for i in range(1, 14)):
-            (workdir / "brown" / text).write_bytes(archive.read(f"brown/{text}"))
+    slice_texts(brown_path, workdir)
     common = [f"data.path={workdir / 'brown'}", *SLICE, *TINY, f"tracking.uri={uri}"]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns

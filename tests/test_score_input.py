@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import csv
 import math
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
 import pandas as pd
 import pytest
-from helpers import SLICE, Done, composed
+from helpers import SLICE, Done, composed, slice_texts
 from mlflow.exceptions import MlflowException
 
 from nplm_repro.tracking import ledger
@@ -26,10 +25,7 @@ def mlp(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """One short MLP5 run (a validation, so a Model) on 28k tokens of Brown, its texts ca01..ca13 in a folder."""
     workdir = tmp_path_factory.mktemp("score_input")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    (workdir / "brown").mkdir()
-    with zipfile.ZipFile(brown_path) as archive:
-        for text in (f"ca{i:02}" for i in range(1, 14)):
-            (workdir / "brown" / text).write_bytes(archive.read(f"brown/{text}"))
+    slice_texts(brown_path, workdir)
     overrides = [f"data.path={workdir / 'brown'}", *SLICE, "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns

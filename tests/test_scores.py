@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from helpers import SLICE, Done, composed, console_script
+from helpers import SLICE, Done, composed, console_script, slice_texts
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.scores import ARTIFACT
@@ -30,10 +29,7 @@ def store(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     returns the folder, the store and each row's run id."""
     workdir = tmp_path_factory.mktemp("scores")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    (workdir / "brown").mkdir()
-    with zipfile.ZipFile(brown_path) as archive:
-        for text in (f"ca{i:02}" for i in range(1, 14)):
-            (workdir / "brown" / text).write_bytes(archive.read(f"brown/{text}"))
+    slice_texts(brown_path, workdir)
     common = [f"data.path={workdir / 'brown'}", *SLICE, *TINY, f"tracking.uri={uri}"]
     ids = {}
     with pytest.MonkeyPatch.context() as patch:
