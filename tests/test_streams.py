@@ -3,14 +3,18 @@ context promised (data/streams.py, models/sequence.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import numpy as np
 import pytest
 import torch
 from helpers import TINY_BROWN, composed, data_slice
 
+from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.streams import Bptt, Chunks, Sliding, inputs_targets
+from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.training import build_module, score_splits
 
 TOKENS = torch.arange(1, 101)
@@ -87,55 +91,52 @@ def test_exact_evaluation_equals_the_softmax_of_each_token_from_the_splits_start
     np.testing.assert_allclose(kept, np.asarray(expected, dtype=np.float32), rtol=1e-4, atol=1e-4)
 
 
+def small_stream_model(experiment: str, *overrides: str) -> tuple[LanguageModule, Corpus]:
+    """A one-layer model 16 wide (an LSTM, or a Transformer of 16-token windows) on 3,000 tokens of the tiny corpus,
+    seeded, and that corpus."""
+    cfg = composed(
+        f"experiment={experiment}",
+        *overrides,
+        f"data.path={TINY_BROWN}",
+        *data_slice(3_000, 600, 600),
+        "model.width=16",
+        "model.layers=1",
+        "optim.batch_size=4",
+        *(["model.heads=2", "model.context=16"] * (experiment == "transformer")),
+    )
+    L.seed_everything(1)
+    corpus = load_corpus(cfg.data)
+    return build_module(cfg, corpus), corpus
+
+
+def three_steps(module: LanguageModule, corpus: Corpus, **trainer: Any) -> None:
+    """Three training steps of batches of 4, nothing validated, logged or kept."""
+    L.Trainer(
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        **trainer,
+    ).fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
+
+
 @pytest.mark.parametrize("experiment", ["lstm", "transformer"])
 @pytest.mark.parametrize("how", [("optim=fast", "32-true"), ("optim=fast", "bf16-mixed"), ("optim=sampled", "32-true")])
 def test_each_output_layer_trains_the_stream_models(experiment: str, how: tuple[str, str]) -> None:
     """Exact in float32, exact with bfloat16 products, sampled: each takes steps with a finite loss that move the
     output vectors (tied to the embedding)."""
     optim, precision = how
-    cfg = composed(
-        f"experiment={experiment}",
-        optim,
-        f"data.path={TINY_BROWN}",
-        *data_slice(3_000, 600, 600),
-        "model.width=16",
-        "model.layers=1",
-        "optim.batch_size=4",
-        "optim.samples=50",
-        *(["model.heads=2", "model.context=16"] * (experiment == "transformer")),
-    )
-    L.seed_everything(1)
-    corpus = load_corpus(cfg.data)
-    module = build_module(cfg, corpus)
+    module, corpus = small_stream_model(experiment, optim, "optim.samples=50")
     before = module.output_weight.detach().clone()
-    trainer = L.Trainer(
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        precision=precision,
-    )
-    trainer.fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
+    three_steps(module, corpus, precision=precision)
     assert np.isfinite(float(module._loss_sum)) and module._seen > 0
     assert not torch.equal(before, module.output_weight.detach())
 
 
 def test_the_recipes_clip_bounds_the_gradients_norm() -> None:
     """optim.clip goes through Lightning's clipping: after each step the gradient's norm is at most the clip."""
-    cfg = composed(
-        "experiment=lstm",
-        f"data.path={TINY_BROWN}",
-        *data_slice(3_000, 600, 600),
-        "model.width=16",
-        "model.layers=1",
-        "optim.batch_size=4",
-        "optim.clip=0.01",
-        "trainer.precision=32-true",
-    )
-    L.seed_everything(1)
-    corpus = load_corpus(cfg.data)
-    module = build_module(cfg, corpus)
+    module, corpus = small_stream_model("lstm", "optim.clip=0.01", "trainer.precision=32-true")
     norms = []
 
     class Norm(L.Callback):
@@ -143,13 +144,5 @@ def test_the_recipes_clip_bounds_the_gradients_norm() -> None:
             grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
             norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
 
-    trainer = L.Trainer(
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        callbacks=[Norm()],
-    )
-    trainer.fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
+    three_steps(module, corpus, callbacks=[Norm()])
     assert len(norms) == 3 and max(norms) <= 0.01 * (1 + 1e-5)

@@ -1,5 +1,6 @@
 """A user's text as a run reads its own corpus: for `nplm-score --text`, the prompts of `nplm-ask` and the contexts
-of a run's MLflow Model, one function (`read_text`) so that the three cannot read a text differently.
+of a run's MLflow Model, one function (`read_text`, and `read_context` for the last two) so that the three cannot
+read a text differently.
 
 A run on a plain-text corpus reads it with its own reader and preprocessing (text.py). A run on Brown learnt
 Brown's tokens, which are not whitespace-separated words of plain text: Brown transcribes punctuation as tokens of
@@ -154,6 +155,15 @@ def read_text(text: str, data: Any, name: str, tokenized: bool = False) -> list[
         return brown_text(text)[0]
     blocks = split_paragraphs(lines, lambda line: [line] if line.strip() else [])
     return _marked((brown_words("\n".join(block)) for block in blocks), True)
+
+
+def read_context(text: str, data: Any, name: str) -> list[str]:
+    """A prompt or a context to continue, read as `read_text` reads a text, without the marks of a text's end that
+    would make the next word the first of a new text."""
+    words = read_text(text, data, name)
+    while words and words[-1] in (END_OF_PARAGRAPH, END_OF_TEXT):
+        words.pop()
+    return words
 
 
 def brown_forms(tokens: Sequence[str]) -> frozenset[str]:

@@ -29,7 +29,7 @@ from nplm_repro.baselines.mixture import Mixture, TrigramMixture
 from nplm_repro.baselines.ngram import DeletedInterpolation, NgramModel, split_windows
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
-from nplm_repro.data.plain import read_text
+from nplm_repro.data.plain import read_context, read_text
 from nplm_repro.errors import NplmError
 from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.training import score_splits
@@ -168,9 +168,7 @@ class RunScorer:
     def words(self, text: str) -> list[int]:
         """The ids of a short text (a prompt), read as `text` reads a file, without the marks of its end; a word
         outside the run's vocabulary is an error naming it and its closest spellings."""
-        words = read_text(text, self.cfg.data, "the prompt")
-        while words and words[-1] in (END_OF_PARAGRAPH, END_OF_TEXT):
-            words.pop()
+        words = read_context(text, self.cfg.data, "the prompt")
         index = {w: i for i, w in enumerate(self.corpus.vocab)}
         for word in words:
             if word not in index:

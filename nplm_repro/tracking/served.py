@@ -34,7 +34,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, DataType, Schema
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
+from nplm_repro.data.corpus import UNK, Corpus
 from nplm_repro.errors import NplmError
 
 MODEL = "model"  # the logged model's name: runs:/<run id>/model
@@ -66,19 +66,16 @@ class NextWords(mlflow.pyfunc.PythonModel):
         self.index = {w: i for i, w in enumerate(self.vocab)}
 
     def tokens(self, text: object) -> list[str]:
-        """A context's tokens, read as the run read its corpus (plain.py's `read_text`), without the marks of a
-        text's end; a context that is no text is a bad request."""
-        from nplm_repro.data.plain import read_text
+        """A context's tokens, read as the run read its corpus (plain.py's `read_context`); a context that is no
+        text is a bad request."""
+        from nplm_repro.data.plain import read_context
 
         if not isinstance(text, str):
             raise _refuse(f"a context must be a string, not {type(text).__name__}: {text!r}")
         try:
-            words = read_text(text, self.data, "the context")
+            return read_context(text, self.data, "the context")
         except NplmError as error:
             raise _refuse(str(error)) from None
-        while words and words[-1] in (END_OF_PARAGRAPH, END_OF_TEXT):
-            words.pop()
-        return words
 
     def predict(
         self, context: mlflow.pyfunc.PythonModelContext, model_input: pd.DataFrame, params: dict[str, Any] | None = None
