@@ -12,7 +12,7 @@ from torch.nn import functional as F
 from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
 from nplm_repro.models.nplm import NPLM
-from nplm_repro.models.sampled_loss import Proposal, SparseSGD, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import Proposal, SparseSGD, layer_outputs, sampled_cross_entropy
 from nplm_repro.tracking.keys import config_key, model_key
 
 
@@ -32,7 +32,9 @@ def mean_sampled_gradient_error(samples: int, draws: int, estimator: str = "impo
     total = torch.zeros_like(exact)
     for _ in range(draws):
         terms = model.output_terms(context, sparse=True)
-        total += _gradients(model, sampled_cross_entropy(terms, model.b, target, q, samples, estimator))
+        total += _gradients(
+            model, sampled_cross_entropy(layer_outputs(terms, model.b, target), target, q, samples, estimator)
+        )
     return float((total / draws - exact).norm() / exact.norm())
 
 
@@ -74,7 +76,7 @@ def test_sparse_sgd_takes_the_same_step_as_sgd() -> None:
         optimizer = make(groups, lr=0.5)
         torch.manual_seed(1)  # the same draws
         terms = model.output_terms(context, sparse=sparse_grads)
-        sampled_cross_entropy(terms, model.b, target, q, 8).backward()
+        sampled_cross_entropy(layer_outputs(terms, model.b, target), target, q, 8).backward()
         for p in model.parameters():  # the reference: torch's SGD on the same gradient, dense
             p.grad = p.grad if sparse_grads else p.grad.to_dense()
         optimizer.step()

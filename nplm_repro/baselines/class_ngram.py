@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from nplm_repro.baselines.clustering import METHODS, cluster_words
 from nplm_repro.baselines.ngram import SRILM_MIN_COUNTS, KneserNey, NgramModel
+from nplm_repro.data.clustering import METHODS, cluster_words
 from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.errors import NplmError
 

@@ -23,6 +23,8 @@ softmax whatever the training used.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -32,16 +34,26 @@ import torch
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from torch.nn import functional as F
 
+from nplm_repro.data.clustering import OUTPUT_METHODS, output_classes
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.streams import StreamBatches
 from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
+from nplm_repro.models.classes import ClassOutput
+from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.precision import PRECISIONS
-from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS, Proposal, SparseSGD, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import (
+    ESTIMATORS,
+    PROPOSALS,
+    Proposal,
+    SparseSGD,
+    layer_outputs,
+    sampled_cross_entropy,
+)
 from nplm_repro.rules import MIX_MODES, Rule, at_least, flag, number, one_of, optional
 
 _limit: Rule = (lambda v: type(v) is int and (v == -1 or v >= 1), "an integer >= 1, or -1 for no limit")
@@ -215,6 +227,14 @@ class LanguageModule(L.LightningModule):
                 self.log(f"{split}_tokens", self._tokens[slot].double(), sync_dist=True)
 
 
+OUTPUTS = ("standard", "energy", "classes")  # model.output: eq. (1)'s softmax, §5.1's energy network, §5.2's classes
+
+
+def class_count(vocab_size: int) -> int:
+    """model.classes=null: about sqrt(|V|) classes, which makes |classes| + |class size| smallest for equal sizes."""
+    return max(2, round(math.sqrt(vocab_size)))
+
+
 class NPLMModule(LanguageModule):
     family = "mlp"  # its name in run keys and reports (nplm_repro.tracking.keys)
     label = "MLP"
@@ -228,6 +248,9 @@ class NPLMModule(LanguageModule):
             "model.direct": flag(),
             "model.mix": one_of(*MIX_MODES),
             "model.features": one_of(*FEATURES),
+            "model.output": one_of(*OUTPUTS),
+            "model.classes": optional(at_least(2)),
+            "model.class_method": one_of(*OUTPUT_METHODS),
             "optim.recipe": one_of("paper", "fast"),
             # the recipes' rate schedules, each on when set (`schedules`); torch drops only by a factor < 1
             "optim.decay_rate": optional(number(0)),
@@ -238,6 +261,14 @@ class NPLMModule(LanguageModule):
         if cfg.model.h == 0 and not cfg.model.direct:
             raise NplmError(
                 "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
+            )
+        output = cfg.model.get("output", "standard")
+        if output == "energy" and cfg.model.h == 0:
+            raise NplmError("model.output=energy needs model.h >= 1 (its energy is v . tanh(d + Hx))")
+        if output == "classes" and cfg.optim.get("output") == "sampled":
+            raise NplmError(
+                "model.output=classes trains exactly (optim=fast or paper): its point is an exact softmax that "
+                "costs |classes| + |class size| rows, not a sampled one"
             )
 
     def __init__(
@@ -250,13 +281,27 @@ class NPLMModule(LanguageModule):
         optim: dict[str, Any],
         features: str = "learned",
         lsi: torch.Tensor | None = None,
+        output: str = "standard",
+        classes: int | None = None,
+        class_method: str = "exchange",
+        word_classes: torch.Tensor | None = None,
     ) -> None:
         """`features`: C learned with the rest, or frozen (models/features.py) at `lsi` (fixed_lsi, computed from
-        the training split by the caller; a checkpoint restores it without) or at its random start (fixed_random)."""
+        the training split by the caller; a checkpoint restores it without) or at its random start (fixed_random).
+        `output` (OUTPUTS): eq. (1)'s softmax over V, the energy network of §5.1 (models/energy.py), or eq. (1)
+        with a word-class output layer (models/classes.py) of `classes` classes, `word_classes` (computed by the
+        caller by `class_method`; a checkpoint restores them without)."""
         super().__init__()
-        # kept for load_from_checkpoint (the state dict holds C); the run logs the config itself
-        self.save_hyperparameters(ignore=["lsi"], logger=False)
-        self.model = NPLM(vocab_size, n, m, h, direct)
+        # kept for load_from_checkpoint (the state dict holds C and the word classes); the run logs the config itself
+        self.save_hyperparameters(ignore=["lsi", "word_classes"], logger=False)
+        self.output = output
+        self.model = (EnergyNPLM if output == "energy" else NPLM)(vocab_size, n, m, h, direct)
+        if output == "energy":  # its exact scores cost |V| x h tanh per token: train's 800,000 would take as long as
+            self.evaluated = ("valid", "test")  # the rest of the run, and no report needs them
+        self.classes: ClassOutput | None = None
+        if output == "classes":
+            widths = [(n - 1) * m] * direct + [h] * bool(h)  # NPLM.output_terms: (x, W), (tanh(d + Hx), U)
+            self.classes = ClassOutput(vocab_size, classes or class_count(vocab_size), widths, word_classes)
         if lsi is not None:
             self.model.C.data.copy_(lsi)
         self.model.C.requires_grad_(features == "learned")
@@ -269,15 +314,23 @@ class NPLMModule(LanguageModule):
         """Eq. (1) for `cfg.model` on `corpus`'s vocabulary. With model.features=fixed_lsi, C starts from the training
         split's co-occurrence counts within n-1 words, reduced to m principal directions (models/features.py)."""
         architecture = {k: v for k, v in cfg.model.items() if k not in ("mix", "_target_")}
-        lsi = None
+        lsi = word_classes = None
         if architecture.get("features", "learned") == "fixed_lsi":
             start, end = corpus.bounds["train"]
             lsi = lsi_features(corpus.ids[start:end].numpy(), corpus.vocab_size, cfg.model.n - 1, cfg.model.m, cfg.seed)
-        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, **architecture)
+        if architecture.get("output") == "classes":
+            count = architecture.get("classes") or class_count(corpus.vocab_size)
+            word_classes = torch.from_numpy(output_classes(corpus, count, architecture.get("class_method", "exchange")))
+            architecture["classes"] = int(word_classes.max()) + 1  # frequency bins may fill fewer
+        return cls(
+            vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, word_classes=word_classes, **architecture
+        )
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:
         """Log-probabilities log P(w | context), [batch, |V|], from float32 logits."""
         with self._float32():
+            if self.classes is not None:
+                return self.classes.log_probs(self.model.output_terms(context), self.model.b)
             return F.log_softmax(self.model(context), dim=-1)
 
     def batches(
@@ -299,12 +352,19 @@ class NPLMModule(LanguageModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         context, target = batch
-        if self.optim.get("output", "exact") == "sampled":  # checkpoints from before sampling have no key
+        if self.classes is not None:
+            loss = -self.classes.token_logprob(self.model.output_terms(context), self.model.b, target).mean()
+        elif self.optim.get("output", "exact") == "sampled":  # checkpoints from before sampling have no key
             with self._float32():
                 q = self.proposal.distribution(context[:, 0])
                 o = self.optim
-                terms = self.model.output_terms(context, sparse=True)
-                loss = sampled_cross_entropy(terms, self.model.b, target, q, o["samples"], o["estimator"])
+                if isinstance(self.model, EnergyNPLM):
+                    outputs = functools.partial(self.model.sampled_outputs, context, target)
+                else:
+                    outputs = layer_outputs(self.model.output_terms(context, sparse=True), self.model.b, target)
+                loss = sampled_cross_entropy(outputs, target, q, o["samples"], o["estimator"])
+        elif isinstance(self.model, EnergyNPLM):
+            loss = F.cross_entropy(self.model(context), target)
         elif self.trainer.precision == "bf16-mixed":
             loss = bf16_cross_entropy(self.model.output_terms(context), self.model.b, target)
         else:
@@ -323,13 +383,16 @@ class NPLMModule(LanguageModule):
 
     def _token_nll(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         context, target = batch
+        if self.classes is not None:
+            return -self.classes.token_logprob(self.model.output_terms(context), self.model.b, target)
         return F.cross_entropy(self.model(context), target, reduction="none")
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim
+        layer = [] if self.classes is None else [self.classes]  # the class layer: its weights decay, bc does not
         groups = [
-            {"params": self.model.decayed(), "weight_decay": o["weight_decay"]},
-            {"params": self.model.biases(), "weight_decay": 0.0},
+            {"params": self.model.decayed() + [p for c in layer for p in c.Kc], "weight_decay": o["weight_decay"]},
+            {"params": self.model.biases() + [c.bc for c in layer], "weight_decay": 0.0},
         ]
         batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
         # lr is per training word (module doc); fused: decay and step in one pass over each weight, not three

@@ -79,40 +79,39 @@ class Proposal:
         return torch.addmv(self.unigram, self.bigram, share, beta=1.0 - float(share.sum()))
 
 
-def _outputs(
-    terms: list[tuple[torch.Tensor, torch.Tensor]],
-    b: torch.Tensor,
-    target: torch.Tensor,
-    words: torch.Tensor,
-    sparse: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """y_t of each row's own target [B], and y at `words` for every row [B, len(words)], from the output layer's
-    rows of those words only. Their gradients are sparse (only these rows, for SparseSGD to update in place) unless
-    `sparse` is off: an output matrix tied to the input embedding gets a dense gradient from both."""
-    rows = torch.cat([target, words])
-    y = b[rows]
-    y_t, y_s = y[: len(target)], y[len(target) :].expand(len(target), -1)
-    for inputs, weight in terms:
-        gathered = F.embedding(rows, weight, sparse=sparse)
-        y_t = y_t + (inputs * gathered[: len(target)]).sum(1)
-        y_s = torch.addmm(y_s, inputs, gathered[len(target) :].T)
-    return y_t, y_s
+Outputs = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def layer_outputs(
+    terms: list[tuple[torch.Tensor, torch.Tensor]], b: torch.Tensor, target: torch.Tensor, sparse: bool = True
+) -> Outputs:
+    """For drawn `words`: y_t of each row's own target [B], and y at `words` for every row [B, len(words)], of the
+    output layer y = b + sum input @ weight.T, from its rows of those words only. Their gradients are sparse (only
+    these rows, for SparseSGD to update in place) unless `sparse` is off: an output matrix tied to the input
+    embedding gets a dense gradient from both."""
+
+    def outputs(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.cat([target, words])
+        y = b[rows]
+        y_t, y_s = y[: len(target)], y[len(target) :].expand(len(target), -1)
+        for inputs, weight in terms:
+            gathered = F.embedding(rows, weight, sparse=sparse)
+            y_t = y_t + (inputs * gathered[: len(target)]).sum(1)
+            y_s = torch.addmm(y_s, inputs, gathered[len(target) :].T)
+        return y_t, y_s
+
+    return outputs
 
 
 def sampled_cross_entropy(
-    terms: list[tuple[torch.Tensor, torch.Tensor]],
-    b: torch.Tensor,
-    target: torch.Tensor,
-    q: torch.Tensor,
-    samples: int,
-    estimator: str = "importance",
-    sparse: bool = True,
+    outputs: Outputs, target: torch.Tensor, q: torch.Tensor, samples: int, estimator: str = "importance"
 ) -> torch.Tensor:
-    """The batch-mean loss whose gradient estimates that of cross-entropy of softmax(b + sum input @ weight.T),
-    from `samples` words drawn from q [|V|] (with replacement) and shared by the batch; `sparse`: see `_outputs`."""
+    """The batch-mean loss whose gradient estimates that of cross-entropy of the softmax of a model's outputs y
+    over V, from `samples` words drawn from q [|V|] (with replacement) and shared by the batch: `outputs(words)`
+    computes y at each row's target and at the drawn words only (`layer_outputs` for eq. (1)'s output layer)."""
     words, drawn = torch.unique(torch.multinomial(q, samples, replacement=True), return_counts=True)
     log_q = q[words].log()
-    y_t, y_s = _outputs(terms, b, target, words, sparse)
+    y_t, y_s = outputs(words)
     if estimator == "importance":
         log_z = torch.logsumexp(y_s - log_q + drawn.log(), 1) - math.log(samples)  # log of (1/k) sum_j r_j
         return (log_z - y_t).mean()

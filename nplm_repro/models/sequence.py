@@ -27,7 +27,7 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.lightning_module import LanguageModule, schedules
-from nplm_repro.models.sampled_loss import Proposal, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import Proposal, layer_outputs, sampled_cross_entropy
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 RECIPES = ("sgd", "adamw")
@@ -132,8 +132,8 @@ class SequenceModule(LanguageModule):
             with self._float32():
                 o = self.optim
                 q = self.proposal.distribution(x.reshape(-1))
-                terms = [(h.float(), self.output_weight)]
-                loss = sampled_cross_entropy(terms, self.b, y, q, o["samples"], o["estimator"], sparse=False)
+                outputs = layer_outputs([(h.float(), self.output_weight)], self.b, y, sparse=False)
+                loss = sampled_cross_entropy(outputs, y, q, o["samples"], o["estimator"])
         elif self.trainer.precision == "bf16-mixed":
             loss = bf16_cross_entropy([(h, self.output_weight)], self.b, y)
         else:

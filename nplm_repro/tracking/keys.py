@@ -74,15 +74,19 @@ def described(cfg: DictConfig) -> dict[str, str]:
 
 
 def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
-    """`tree` (a config as a dict) less the sampling keys of an exact run, which it did not use, and less
-    `model.features` when it is `learned`: such a run is identified by what it was before sampled training and
-    fixed features existed, so stored runs keep matching."""
+    """`tree` (a config as a dict) less the sampling keys of an exact run, which it did not use, less
+    `model.features` when it is `learned`, and less `model.output` when it is `standard` (with the class keys
+    unless it is `classes`): such a run is identified by what it was before sampled training, fixed features and
+    other output layers existed, so stored runs keep matching."""
     optim = tree.get("optim")
     if isinstance(optim, dict) and optim.get("output", "exact") == "exact":
         tree["optim"] = {k: v for k, v in optim.items() if k not in SAMPLING_KEYS}
     model = tree.get("model")
-    if isinstance(model, dict) and model.get("features") == "learned":  # the model before the knob existed
-        tree["model"] = {k: v for k, v in model.items() if k != "features"}
+    if isinstance(model, dict):  # the model before the knobs existed: learned features, eq. (1)'s own output layer
+        unused = {"features"} if model.get("features") == "learned" else set()
+        if model.get("output", "standard") != "classes":
+            unused |= {"classes", "class_method"} | ({"output"} if model.get("output") == "standard" else set())
+        tree["model"] = {k: v for k, v in model.items() if k not in unused}
     return tree
 
 

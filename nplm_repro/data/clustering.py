@@ -311,3 +311,37 @@ def cluster_words(
     if cache:
         _save(path, clustering, corpus)
     return clustering, False
+
+
+OUTPUT_METHODS = ("exchange", "frequency")  # model.class_method of a word-class output layer
+
+
+def frequency_bins(counts: np.ndarray, c: int) -> np.ndarray:
+    """Mikolov et al.'s (2011) classes, as their RNNLM toolkit assigns them: words from most to least frequent (ties:
+    lower id first) fill class 0, 1, ... in turn, a class closing once the words so far hold (class + 1) / c of the
+    training tokens. Frequent words sit in small classes, rare ones in large; fewer than c when a word alone holds
+    more than a share."""
+    total = max(1, int(counts.sum()))
+    classes = np.empty(len(counts), dtype=np.int64)
+    current, seen = 0, 0
+    for word in np.lexsort((np.arange(len(counts)), -counts)):
+        seen += int(counts[word])
+        classes[word] = current
+        if seen / total > (current + 1) / c and current < c - 1:
+            current += 1
+    return classes
+
+
+def output_classes(corpus: Corpus, c: int, method: str) -> np.ndarray:
+    """The class of every word of the vocabulary for a word-class output layer (§5.2 of the paper), classes
+    0..c'-1 all non-empty (c' <= c): `exchange`, the class-based back-off's clustering (cached), a word absent from
+    training joining the largest class; `frequency`, `frequency_bins` of the training counts."""
+    if method not in OUTPUT_METHODS:
+        raise NplmError(f"model.class_method={method!r} is not known (known: {', '.join(OUTPUT_METHODS)})")
+    start, end = corpus.bounds["train"]
+    if method == "frequency":
+        found = frequency_bins(np.bincount(corpus.ids[start:end].numpy(), minlength=corpus.vocab_size), c)
+    else:
+        found = cluster_words(corpus, c)[0].classes.copy()
+        found[found < 0] = np.bincount(found[found >= 0]).argmax()
+    return np.unique(found, return_inverse=True)[1].astype(np.int64)  # renumbered: no empty class
