@@ -19,8 +19,12 @@ process in the same dtype on the same device, so the two compare in one run.
   shuffled DataLoader, nn.Embedding + nn.Linear, CrossEntropyLoss, plain SGD, float32): the reference;
 - train: our LightningModule in a real Trainer, for each precision in `bench.precisions`; the `auto` line
   says what `trainer.precision=auto` resolved to here (`resolved`) and the probe's rates it chose by;
-- sampled: the same with `optim=sampled` (or the command's own optim when it is sampled), float32, and its
+- sampled: the same with `optim=sampled` (or the command's own optim when it is sampled; the command's
+  `model.output=energy` gives the energy network's line), float32, and its
   speed-up over each `train` line (`x_32-true`, ...);
+- classes: the same training with a word-class output layer (`model.output=classes`, the command's
+  `model.class_method` and `model.classes`), for each precision, with `rows_per_token` (classes plus the mean class
+  size of a training token, against |V|) and its speed-up over the `train` line of the same precision;
 - eval: the exact float32 perplexity of the whole validation split, as every run computes it (Trainer.validate);
 - ngram: fit on train and score train, valid and test, for each row in `bench.ngram_rows` (`fit_seconds` and
   `score_seconds`: the median pass's parts; a class row's first pass may include its clustering, before the cache);
@@ -269,6 +273,14 @@ def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[s
     return clock.report("steps"), module
 
 
+def rows_per_token(module: NPLMModule, corpus: Corpus) -> float:
+    """Output rows a class layer computes per training token: the classes, and the words of the token's class (the
+    mean over the training tokens), against eq. (1)'s |V|."""
+    start, end = corpus.bounds["train"]
+    classes = module.classes
+    return len(classes.size) + float(classes.size[classes.word_class[corpus.ids[start:end]]].double().mean())
+
+
 def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> float:
     """Perplexity of the whole validation split as every run scores it (Trainer.validate, validation_step)."""
     trainer = L.Trainer(
@@ -331,7 +343,7 @@ def _probs_pass(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str)
     return probs, len(probs)
 
 
-MEASURES = ("matmul", "baseline", "train", "sampled", "eval", "mixture", "ngram")
+MEASURES = ("matmul", "baseline", "train", "sampled", "classes", "eval", "mixture", "ngram")
 LISTS = ("what", "precisions", "ngram_rows")  # the bench keys that are lists
 
 
@@ -381,8 +393,9 @@ def bench(cfg: DictConfig) -> None:
         )
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
     module, speeds = None, {}
-    exact = OmegaConf.merge(cfg, {"optim": {"output": "exact"}})  # the train lines are the exact softmax's
-    for precision in cfg.bench.precisions if what & {"train", "eval", "mixture"} else []:
+    # the train lines are eq. (1)'s exact softmax, whatever output layer the command names
+    exact = OmegaConf.merge(cfg, {"optim": {"output": "exact"}, "model": {"output": "standard"}})
+    for precision in cfg.bench.precisions if what & {"train", "eval", "mixture", "classes"} else []:
         concrete, tags = resolve(precision, cfg.trainer.accelerator)  # auto: what nplm-train would pick here
         result, module = train_steps(exact, corpus, concrete)
         speeds[precision] = result["tokens_per_s"]
@@ -398,7 +411,8 @@ def bench(cfg: DictConfig) -> None:
             )
     if "sampled" in what:
         optim = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
-        result, _ = train_steps(OmegaConf.merge(cfg, {"optim": optim}), corpus, "32-true")
+        model = exact.model if cfg.model.output == "classes" else cfg.model  # energy trains sampled too; classes not
+        result, _ = train_steps(OmegaConf.merge(cfg, {"optim": optim, "model": model}), corpus, "32-true")
         speedups = {f"x_{p}": result["tokens_per_s"] / speed for p, speed in speeds.items()}
         emit(
             "train sampled",
@@ -406,9 +420,25 @@ def bench(cfg: DictConfig) -> None:
             samples=optim.samples,
             proposal=optim.proposal,
             estimator=optim.estimator,
+            output=model.output,
             **speedups,
             **shape,
         )
+    if "classes" in what:
+        classes = OmegaConf.merge(exact, {"model": {"output": "classes"}})
+        for precision in cfg.bench.precisions:
+            concrete = resolve(precision, cfg.trainer.accelerator)[0]
+            result, trained = train_steps(classes, corpus, concrete)
+            emit(
+                f"train classes {precision}",
+                **result,
+                resolved=concrete,
+                classes=len(trained.classes.size),
+                class_method=classes.model.class_method,
+                rows_per_token=rows_per_token(trained, corpus),
+                **{f"x_exact_{precision}": result["tokens_per_s"] / speeds[precision]},
+                **shape,
+            )
     if module is not None and "eval" in what:
         tokens = corpus.size("valid")
         ppl, timing = timed_passes(cfg, lambda: (validate(cfg, module, corpus), tokens))

@@ -586,7 +586,7 @@ def test_best_epochs_are_the_lowest_validation_of_each_seed() -> None:
     curves = {"MLP5": [("a", [300.0, 280.0, 285.0]), ("b", [300.0, 290.0, 270.0])], "Del. Int.": []}
     epochs = tables.best_epochs(curves, {"a": "1", "b": "2"})
     assert epochs == {"MLP5": {"1": 2.0, "2": 3.0}}
-    shown = tables.with_best_epochs(pd.DataFrame({"label": ["MLP5", "Del. Int."]}), epochs)
+    shown = tables.with_per_seed(pd.DataFrame({"label": ["MLP5", "Del. Int."]}), "best_epoch", epochs)
     assert shown["best_epoch"].tolist()[0] == 2.5 and np.isnan(shown["best_epoch"].tolist()[1])
     assert shown["best_epoch_std"].tolist()[0] == pytest.approx(np.std([2, 3], ddof=1))
 

@@ -3,8 +3,9 @@ or equivalence margin), applied by one engine: each pair of rows gets the paired
 test and one of three verdicts, and the claim the verdict of its pairs (the file's header says how).
 
 A pair whose rows are not both measured is "not measured"; one whose runs kept no scores has no interval and is
-inconclusive, its point difference shown. A `more` pair compares the epoch of the best validation instead, seed by
-seed (the same seed in both rows): the mean of the per-seed ratios less 1, with its t interval over seeds.
+inconclusive, its point difference shown. A `more` pair compares the epoch of the best validation instead, and a
+`faster` pair the training tokens per second, seed by seed (the same seed in both rows): the mean of the per-seed
+ratios less 1, with its t interval over seeds.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from nplm_repro.reporting.intervals import Difference, Evidence
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 PARTLY, NOT_MEASURED = "holds on the rows measured", "not measured"
 NO_SCORES = "no interval: its runs kept no scores (nplm-score RUN --log attaches them)"
+
+
+# The claims judged seed by seed rather than on test perplexity: what they compare, and its decimals.
+PER_SEED = {"more": ("best validation epoch", 1), "faster": ("training tokens/s", 0)}
 
 
 @dataclass(frozen=True)
@@ -117,29 +122,36 @@ class Checker:
     `more` claims to `epochs` (per row label, per seed: the epoch of its best validation)."""
 
     def __init__(
-        self, table: pd.DataFrame, evidence: Evidence, epochs: dict[str, dict[str, float]] | None = None
+        self,
+        table: pd.DataFrame,
+        evidence: Evidence,
+        epochs: dict[str, dict[str, float]] | None = None,
+        speeds: dict[str, dict[str, float]] | None = None,
     ) -> None:
-        self.numbers, self.evidence, self.epochs = Numbers(table), evidence, epochs or {}
+        self.numbers, self.evidence = Numbers(table), evidence
+        self.per_seed = {"more": epochs or {}, "faster": speeds or {}}
         self.measured: list[Measured] = []  # the current claim's pairs with an interval
 
-    def more(self, pair: list[str], threshold: float) -> tuple[str, str | None]:
-        """One `more` pair [a, b], "b takes more epochs to its best validation than a": b / a less 1, per seed."""
+    def more(self, pair: list[str], threshold: float, kind: str = "more") -> tuple[str, str | None]:
+        """One per-seed pair [a, b] (PER_SEED: `more`, b takes more epochs to its best validation than a; `faster`, b
+        trains more tokens per second than a): b's value over a's less 1, per seed."""
         a, b = pair
-        missing = [row for row in pair if row not in self.epochs]
+        values, what, unit = self.per_seed[kind], *PER_SEED[kind]
+        missing = [row for row in pair if row not in values]
         if missing:
             return f"{a} to {b}: not measured ({', '.join(missing)}: no finished run)", None
-        seeds = sorted(set(self.epochs[a]) & set(self.epochs[b]))
-        ratios = [self.epochs[b][s] / self.epochs[a][s] - 1 for s in seeds]
+        seeds = sorted(set(values[a]) & set(values[b]))
+        ratios = [values[b][s] / values[a][s] - 1 for s in seeds]
         if not seeds:
             return f"{a} to {b}: not measured (no seed run in both)", None
-        mean_a, mean_b = (np.mean([self.epochs[row][s] for s in seeds]) for row in pair)
-        head = f"{a} to {b}: best validation epoch {mean_a:.1f} against {mean_b:.1f}, {_pct(float(np.mean(ratios)))}"
+        mean_a, mean_b = (np.mean([values[row][s] for s in seeds]) for row in pair)
+        head = f"{a} to {b}: {what} {mean_a:,.{unit}f} against {mean_b:,.{unit}f}, {_pct(float(np.mean(ratios)))}"
         bounds = seed_interval(ratios)
         if bounds is None:
             return f"{head}; no interval: 1 seed", INCONCLUSIVE
         verdict = verdict_of(Difference(float(np.mean(ratios)), *bounds), "better", threshold)
         self.measured.append(
-            Measured(f"{a} to {b} (epochs)", float(np.mean(ratios)), *bounds, verdict, "more", threshold)
+            Measured(f"{a} to {b} ({kind})", float(np.mean(ratios)), *bounds, verdict, kind, threshold)
         )
         count = f"{len(seeds)} seeds"
         return f"{head}, 95% interval over {count} [{_pct(bounds[0])}, {_pct(bounds[1])}]: {verdict}", verdict
@@ -182,10 +194,11 @@ class Checker:
                 line, verdict = self.pair(pair, kind, threshold)
                 lines.append(line)
                 verdicts.append(verdict)
-        for pair in spec.get("more", []):
-            line, verdict = self.more(pair, spec.get("by", 0.0))
-            lines.append(line)
-            verdicts.append(verdict)
+        for kind in PER_SEED:
+            for pair in spec.get(kind, []):
+                line, verdict = self.more(pair, spec.get("by", 0.0), kind)
+                lines.append(line)
+                verdicts.append(verdict)
         if "margin" in spec:
             lines.append(f"no effect means within ±{spec['margin']:.0%} (the claim's declared margin)")
         return Claim(spec["claim"], combine(verdicts), tuple(lines), tuple(self.measured))
@@ -205,10 +218,15 @@ def combine(verdicts: list[str | None]) -> str:
 
 
 def check_claims(
-    study: str, table: pd.DataFrame, evidence: Evidence, epochs: dict[str, dict[str, float]] | None = None
+    study: str,
+    table: pd.DataFrame,
+    evidence: Evidence,
+    epochs: dict[str, dict[str, float]] | None = None,
+    speeds: dict[str, dict[str, float]] | None = None,
 ) -> list[Claim]:
-    """The claims declared for `study`, checked on `table`'s rows (and `epochs`, for `more` claims)."""
-    checker = Checker(table, evidence, epochs)
+    """The claims declared for `study`, checked on `table`'s rows (and `epochs` for `more` claims, `speeds` for
+    `faster`)."""
+    checker = Checker(table, evidence, epochs, speeds)
     return [checker.claim(spec) for spec in declared(study)]
 
 

@@ -37,7 +37,7 @@ from nplm_repro.tracking.runs import present
 
 DPI = 110
 LIMIT = 40  # the most characters a label's line may have
-BETTER, EQUIVALENT, MORE = "better", "equivalent", "more"
+BETTER, EQUIVALENT, MORE, FASTER = "better", "equivalent", "more", "faster"
 VERDICT_COLOURS = {HOLDS: "tab:green", FAILS: "tab:red", INCONCLUSIVE: "0.45"}
 LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0}
 
@@ -80,6 +80,7 @@ def figures(report: Report) -> list[tuple[str, Figure | bytes]]:
         (f"{study}_valid_by_epoch", valid_by_epoch(report)),
         (f"{study}_claims", claims_forest(report, (BETTER, EQUIVALENT))),
         (f"{study}_claims_epochs", claims_forest(report, (MORE,))),
+        (f"{study}_claims_speed", claims_forest(report, (FASTER,))),
         (f"{study}_features_map", report.learned.map_png if report.learned is not None else None),
         *((f"{study}_{knob}", against_knob(report, knob)) for knob in knobs(report)),
     ]
@@ -321,7 +322,7 @@ def claims_forest(report: Report, kinds: tuple[str, ...], path: Path | None = No
     claims = [(i, c, pairs) for i, c, pairs in claims if pairs]
     if not claims:
         return None
-    named = [m.pair.removesuffix(" (epochs)") for _, _, measured in claims for m in measured]  # the axis says so
+    named = [m.pair.removesuffix(f" ({m.kind})") for _, _, measured in claims for m in measured]  # the axis says so
     labels = iter(fit_labels(named))
     headers = [_wrap(f"{number}. {claim.text}: {claim.verdict}") for number, claim, _ in claims]
     heights = [math.ceil((header.count("\n") + 1) / 2) for header in headers]  # two lines of 7.5 pt to a row
@@ -356,11 +357,10 @@ def claims_forest(report: Report, kinds: tuple[str, ...], path: Path | None = No
     ax.axvline(0, color="0.75", linewidth=0.8, zorder=0)
     ax.set_yticks(ticks, names, fontsize=8)
     ax.set_ylim(y + 0.5, rows + 0.5)
-    what = (
-        "best validation epoch: b over a, less 1"
-        if kinds == (MORE,)
-        else "test perplexity: baseline over model, less 1"
-    )
+    what = {
+        (MORE,): "best validation epoch: b over a, less 1",
+        (FASTER,): "training tokens/s: b over a, less 1",
+    }.get(kinds, "test perplexity: baseline over model, less 1")
     ax.set_xlabel(f"relative difference, % ({what}),\nwith its 95% interval; dashed: the claim's threshold", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(
@@ -602,6 +602,28 @@ def recipe_figure(report: Report) -> Figure | None:
     return figure
 
 
+def speed_cost_figure(report: Report) -> Figure | None:
+    """Each trained row at its training speed (tokens/s, mean over seeds, log scale) and its test perplexity with
+    its 95% interval: what an output layer buys and what it costs, at a glance. None without a row with both."""
+    shown = report.table[(report.table["status"] == "finished") & report.table["train_speed"].notna()]
+    if shown.empty:
+        return None
+    figure = _figure(9, 4.2)
+    ax = figure.add_subplot()
+    for i, (name, (_, row)) in enumerate(zip(fit_labels(list(shown["label"]), 40), shown.iterrows())):
+        colour = f"C{i % 10}"
+        low, high = row.get("test_low"), row.get("test_high")
+        error = [[row["test_ppl"] - low], [high - row["test_ppl"]]] if present(low) else None
+        ax.errorbar(row["train_speed"], row["test_ppl"], yerr=error, fmt="o", color=colour, capsize=3, label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens/s (mean over seeds, this study's runs, log scale)", fontsize=8)
+    ax.set_ylabel("test perplexity (95% interval over texts)", fontsize=8)
+    ax.set_title(f"{report.study}: test perplexity against training speed, row by row", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(**LEGEND)
+    return figure
+
+
 # The headline figures a study may declare (studies.yaml `figures`), by name: the name is also the file's stem,
 # <study>_<name>.png
-HEADLINES = {"sampled_pairs": sampled_figure, "recipe_steps": recipe_figure}
+HEADLINES = {"sampled_pairs": sampled_figure, "recipe_steps": recipe_figure, "speed_cost": speed_cost_figure}

@@ -30,7 +30,11 @@ DIRTY_NOTE = (
 
 
 # the CSV columns of the extra columns a study declares (studies.yaml `columns`)
-COLUMN_FIELDS = {"best_epoch": ("best_epoch", "best_epoch_std"), "test_range": ("test_ppl_min", "test_ppl_max")}
+COLUMN_FIELDS = {
+    "best_epoch": ("best_epoch", "best_epoch_std"),
+    "test_range": ("test_ppl_min", "test_ppl_max"),
+    "train_speed": ("train_speed", "train_speed_std"),
+}
 
 
 @dataclass(frozen=True)

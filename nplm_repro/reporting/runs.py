@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import mlflow
+import numpy as np
 import pandas as pd
 
 from nplm_repro.paper import COLUMNS
@@ -46,6 +47,19 @@ def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[flo
             epochs = {m.step: m.value for m in points}
             curves[row.label].append((run_id, list(epochs.values())))
     return curves
+
+
+def training_speeds(uri: str, table: pd.DataFrame, seeds: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Per trained row label, per seed: its training tokens per second, the mean of its epochs' (`faster` claims); a
+    run adopted from another study logged its source's."""
+    client = mlflow.MlflowClient(uri)
+    speeds: dict[str, dict[str, float]] = {}
+    for row in trained_rows(table).itertuples():
+        for run_id in row.run_ids.split():
+            rates = [m.value for m in client.get_metric_history(run_id, "train_tokens_per_s")]
+            if rates:
+                speeds.setdefault(row.label, {})[seeds[run_id]] = float(np.mean(rates))
+    return speeds
 
 
 def run_name(run: pd.Series) -> str:

@@ -19,7 +19,7 @@ from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_SETUP, PAPER_TABLES, l
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims, study_spec
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.runs import history, varying_keys
+from nplm_repro.reporting.runs import history, training_speeds, varying_keys
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking.best import best, best_row, seeds
 from nplm_repro.tracking.kept import artifacts, download
@@ -110,12 +110,15 @@ def best_epochs(curves: dict[str, list[tuple[str, list[float]]]], seeds: dict[st
     }
 
 
-def with_best_epochs(table: pd.DataFrame, epochs: dict[str, dict[str, float]]) -> pd.DataFrame:
-    """The table with `best_epoch` and `best_epoch_std` over seeds (NaN for rows without a curve)."""
-    values = [list(epochs.get(label, {}).values()) for label in table["label"]]
+def with_per_seed(table: pd.DataFrame, name: str, values: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """The table with `name` and `name_std`, the mean and std over seeds of a per-seed value (`best_epoch`; the
+    training tokens/s, `train_speed`); NaN for rows without one."""
+    found = [list(values.get(label, {}).values()) for label in table["label"]]
     return table.assign(
-        best_epoch=[np.mean(v) if v else np.nan for v in values],
-        best_epoch_std=[np.std(v, ddof=1) if len(v) > 1 else np.nan for v in values],
+        **{
+            name: [np.mean(v) if v else np.nan for v in found],
+            f"{name}_std": [np.std(v, ddof=1) if len(v) > 1 else np.nan for v in found],
+        }
     )
 
 
@@ -231,9 +234,10 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
     evidence = Evidence.read(uri, table)
     table = with_intervals(table, evidence)
     curves, findings = history(uri, table), None
-    epochs = best_epochs(curves, dict(zip(runs["run_id"], runs["seed"])))
-    table = with_best_epochs(table, epochs)
-    claims = check_claims(study, table, evidence, epochs)
+    seeds = dict(zip(runs["run_id"], runs["seed"]))
+    epochs, speeds = best_epochs(curves, seeds), training_speeds(uri, table, seeds)
+    table = with_per_seed(with_per_seed(table, "best_epoch", epochs), "train_speed", speeds)
+    claims = check_claims(study, table, evidence, epochs, speeds)
     if finder:
         table1 = fast_table1(all_runs, fingerprint)
         claims = finder.claims(uri, spec["claims_of"], table, table1)
@@ -327,6 +331,8 @@ def display(report: Report) -> pd.DataFrame:
         frame[("test", "seeds' range")] = report.table.apply(_range, axis=1, split="test")
     if "best_epoch" in columns:
         frame[("", "best epoch")] = report.table.apply(_best_epoch, axis=1)
+    if "train_speed" in columns:
+        frame[("", "training tokens/s")] = report.table.apply(_train_speed, axis=1)
     frame[("", "seeds")] = report.table.apply(_seeds, axis=1)
     return pd.DataFrame(frame)
 
@@ -368,3 +374,10 @@ def attempts_table(report: Report) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame.from_records(rows)
+
+
+def _train_speed(row: pd.Series) -> str:
+    mean, std = row["train_speed"], row["train_speed_std"]
+    if not present(mean):
+        return ""
+    return f"{mean:,.0f} ± {std:,.0f}" if present(std) else f"{mean:,.0f}"

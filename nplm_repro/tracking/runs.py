@@ -22,7 +22,7 @@ import pandas as pd
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
-from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS
+from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, without_unused
 from nplm_repro.tracking.locks import sqlite_file
 from nplm_repro.tracking.store import check_store, redact, tracking_at
 
@@ -34,7 +34,7 @@ FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items
 BEFORE_TAGS = {"mlp": ("trained", "C0")}
 COUNTED_BEFORE = ("counted", "C1")
 # Knobs a family gained after its first runs: the value those runs had without them.
-DEFAULTS_BEFORE = {"mlp": {"model.mix": "none", "model.features": "learned"}}
+DEFAULTS_BEFORE = {"mlp": {"model.mix": "none", "model.features": "learned", "model.output": "standard"}}
 # What a result depends on: a counted or mixed row, the data and the model's knobs; a trained one, its training too.
 # The data itself is pinned by the fingerprint; tracking.* and the row name are labels, not configuration.
 TRAINED_GROUPS = ("data.", "model.", "optim.", "trainer.", "callbacks.")
@@ -90,6 +90,10 @@ def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
     }
     if family in FAMILY_IDS:  # the family, not where its class lived when the run was made
         config["model._target_"] = FAMILY_IDS[family]
+    # the model's keys a run did not use (a class layer's count when it has none) do not tell it apart
+    model = {k.removeprefix("model."): v for k, v in config.items() if k.startswith("model.")}
+    used = {f"model.{k}": v for k, v in without_unused({"model": model})["model"].items()}
+    config = {k: v for k, v in config.items() if not k.startswith("model.")} | used
     return dict(sorted((DEFAULTS_BEFORE.get(family, {}) | config).items()))
 
 

@@ -1,0 +1,236 @@
+"""The paper's section 5 output layers: the energy-minimization network (§5.1, model.output=energy) and a word-class
+output layer (§5.2, model.output=classes). Their distributions are exact and normalised, they match the paper's
+formulas written out by hand, and they run as any row does: a real run on a slice of Brown, scored again by
+nplm-score's code, its Model loaded in a fresh process, text continued by nplm-ask."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from helpers import SLICE, composed
+from torch.nn import functional as F
+
+from nplm_repro.checks import check_config
+from nplm_repro.data.clustering import frequency_bins, output_classes
+from nplm_repro.data.load import load_corpus
+from nplm_repro.errors import NplmError
+from nplm_repro.models.classes import ClassOutput
+from nplm_repro.models.energy import EnergyNPLM
+from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.sampled_loss import Proposal, sampled_cross_entropy
+from nplm_repro.perplexity import perplexity_of
+from nplm_repro.tracking import ledger
+from nplm_repro.tracking.keys import config_key
+from nplm_repro.tracking.scoring import RunScorer
+
+V, N, M, H = 40, 4, 3, 5
+
+
+def contexts(rows: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(V, (rows, N - 1), generator=generator), torch.randint(V, (rows,), generator=generator)
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_energy_network_is_the_papers_formula_normalised_over_the_output_word(direct: bool) -> None:
+    torch.manual_seed(0)
+    net = EnergyNPLM(V, N, M, H, direct)
+    with torch.no_grad():
+        net.b.normal_()
+        net.d.normal_()
+    context, _ = contexts()
+    with torch.no_grad():
+        logp = F.log_softmax(net(context), 1)
+        # E(w, context) = v . tanh(d + H x) + sum_{i=0}^{n-1} b_{w_{t-i}}, x = (C(w_t), C(w_{t-1}), ...), by hand;
+        # the columns of H: the context's first, then the output word's
+        for row, ctx in enumerate(context):
+            energies = []
+            for w in range(V):
+                x = torch.cat([net.C[ctx].flatten(), net.C[w]])
+                e = net.v @ torch.tanh(net.d + net.H @ x) + net.b[w] + net.b[ctx].sum()
+                if direct:
+                    e = e - net.W[w] @ net.C[ctx].flatten()  # direct connections enter -E as in eq. (1)
+                energies.append(e)
+            torch.testing.assert_close(logp[row], F.log_softmax(-torch.stack(energies), 0), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(logp.exp().sum(1), torch.ones(len(context)))
+
+
+def test_the_energy_networks_sampled_outputs_are_its_exact_ones_and_train_it() -> None:
+    torch.manual_seed(0)
+    net = EnergyNPLM(V, N, M, H, direct=True)
+    context, target = contexts(32)
+    words = torch.tensor([0, 3, 7, 39])
+    y_t, y_s = net.sampled_outputs(context, target, words)
+    with torch.no_grad():
+        y = net(context)
+    torch.testing.assert_close(y_t, y[torch.arange(len(target)), target])
+    torch.testing.assert_close(y_s, y[:, words])
+    # sampled training lowers the exact loss of the batch it trains on
+    q = Proposal(target[:-1], target[1:], V).distribution(context[:, 0])
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    before = F.cross_entropy(net(context), target).item()
+    for _ in range(30):
+        optimizer.zero_grad()
+        sampled_cross_entropy(functools.partial(net.sampled_outputs, context, target), target, q, 20).backward()
+        optimizer.step()
+    assert F.cross_entropy(net(context), target).item() < before - 0.1
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_class_output_layer_is_an_exact_distribution_whose_token_terms_are_its_own(direct: bool) -> None:
+    torch.manual_seed(0)
+    net = NPLM(V, N, M, H, direct)
+    classes = torch.tensor([0] * 3 + [1] * 20 + [2] * 9 + [3] * 8)[torch.randperm(V)]  # uneven, shuffled ids
+    widths = [(N - 1) * M] * direct + [H]
+    layer = ClassOutput(V, 4, widths, classes)
+    context, target = contexts(50)
+    terms = net.output_terms(context)
+    logp = layer.log_probs(terms, net.b).detach()
+    assert torch.allclose(logp.exp().sum(1), torch.ones(len(context)), atol=1e-5)
+    torch.testing.assert_close(
+        layer.token_logprob(terms, net.b, target).detach(), logp[torch.arange(len(target)), target]
+    )
+    # by hand: P(class | context) from the class layer, P(w | class, context) from eq. (1)'s y over the class only
+    y, row, w = net(context)[0].detach(), 0, int(target[0])
+    k = int(classes[w])
+    class_y = layer.bc + sum(inputs[row] @ weight.T for (inputs, _), weight in zip(terms, layer.Kc))
+    by_hand = F.log_softmax(class_y, 0)[k] + y[w] - torch.logsumexp(y[classes == k], 0)
+    torch.testing.assert_close(logp[row, w].detach(), by_hand.detach())
+    # its gradient, class by class, is that of the whole distribution's
+    (layer.token_logprob(terms, net.b, target).sum()).backward()
+    fast = {name: p.grad.clone() for name, p in [*net.named_parameters(), *layer.named_parameters()]}
+    net.zero_grad()
+    layer.zero_grad()
+    layer.log_probs(net.output_terms(context), net.b)[torch.arange(len(target)), target].sum().backward()
+    for name, p in [*net.named_parameters(), *layer.named_parameters()]:
+        torch.testing.assert_close(fast[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # a state dict restores the classes into a placeholder
+    again = ClassOutput(V, 4, widths)
+    again.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(again.log_probs(terms, net.b).detach(), logp)
+
+
+def test_frequency_bins_fill_classes_by_share_of_tokens_most_frequent_first() -> None:
+    counts = np.array([1, 50, 1, 20, 10, 10, 4, 4])  # 100 tokens
+    # by frequency: 50 (class 0 closes at 50% > 1/4), 20 (70% > 2/4: closes 1), 10 (80% > 3/4: closes 2), then 3
+    assert frequency_bins(counts, 4).tolist() == [3, 0, 3, 1, 2, 3, 3, 3]
+    assert frequency_bins(counts, 1).tolist() == [0] * 8
+
+
+@pytest.mark.parametrize("method", ["exchange", "frequency"])
+def test_every_word_has_an_output_class_and_no_class_is_empty(
+    method: str, brown_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path))
+    corpus = load_corpus(composed(f"data.path={brown_path}", *SLICE).data)
+    classes = output_classes(corpus, 20, method)
+    assert len(classes) == corpus.vocab_size
+    assert np.bincount(classes).min() >= 1 and classes.max() < 20
+    with pytest.raises(NplmError, match="class_method='tree' is not known"):
+        output_classes(corpus, 20, "tree")
+
+
+def test_the_new_knobs_leave_every_eq1_runs_key_as_it_was() -> None:
+    """`model.output=standard` (and the class keys it does not use) are not in the key: stored runs keep matching."""
+    base = composed("experiment=mlp5")
+    assert config_key(composed("experiment=mlp5", "model.output=standard", "model.classes=7"), "f") == config_key(
+        base, "f"
+    )
+    assert config_key(composed("experiment=mlp5", "model.output=energy"), "f") != config_key(base, "f")
+    classes = [composed("experiment=mlp5", "model.output=classes", f"model.class_method={m}") for m in ("exchange",)]
+    assert config_key(classes[0], "f") != config_key(
+        composed("experiment=mlp5", "model.output=classes", "model.class_method=frequency"), "f"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["model.output=classes", "optim=sampled"], "model.output=classes trains exactly"),
+        (["model.output=energy", "model.h=0"], "model.output=energy needs model.h >= 1"),
+        (["model.output=tree"], "model.output"),
+        (["model.output=classes", "model.class_method=tree"], "model.class_method"),
+        (["model.output=classes", "model.classes=1"], "model.classes"),
+    ],
+)
+def test_an_output_that_cannot_be_is_refused_in_one_line(overrides: list[str], error: str) -> None:
+    with pytest.raises(NplmError, match=error):
+        check_config(composed("experiment=mlp5", *overrides))
+
+
+OUTPUTS = {
+    "energy": ["model.output=energy", "optim=sampled", "optim.samples=50", "trainer.limit_val_batches=1.0"],
+    "classes": ["model.output=classes", "model.class_method=frequency"],
+}
+PROMPT = "The jury said that it"
+
+
+@pytest.fixture(scope="module", params=sorted(OUTPUTS))
+def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A short MLP5 run of the output layer (one epoch of 10 steps, then validation) in a real store."""
+    workdir = tmp_path_factory.mktemp(request.param)
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
+        patch.setenv("NPLM_CACHE", str(workdir))
+        cfg = composed(
+            "experiment=mlp5",
+            f"data.path={brown_path}",
+            *SLICE,
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=10",
+            *OUTPUTS[request.param],
+            f"tracking.uri={uri}",
+            f"callbacks.model_checkpoint.dirpath={workdir}/c",
+        )
+        run_id, _ = ledger.run(cfg)
+    return uri, run_id
+
+
+def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[str, str]) -> None:
+    uri, run_id = row
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["model.output"] in OUTPUTS
+    scorer = RunScorer(uri, run_id)
+    again = perplexity_of(np.exp(scorer.logprob(scorer.split("test")).astype(np.float64)))
+    assert again == pytest.approx(run.data.metrics["test_ppl"], rel=1e-6)
+    module = scorer.model()
+    assert isinstance(module, NPLMModule) and module.output == run.data.params["model.output"]
+    with torch.no_grad():  # the distribution generation and the Model read is normalised
+        logp = module.next_logprobs([scorer.words(PROMPT)])[0].double()
+    assert float(logp.exp().sum()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_nplm_ask_continues_a_prompt_with_it(row: tuple[str, str], ask, tmp_path: Path) -> None:
+    uri, run_id = row
+    args = ["generate", run_id, "--prompt", PROMPT, "--words", "6", "--seed", "1", "--tracking-uri", uri]
+    first, second = ask(tmp_path, *args), ask(tmp_path, *args)
+    assert first.returncode == 0 and first.stdout == second.stdout and first.stdout.strip()
+
+
+@pytest.mark.slow  # a fresh Python process that imports mlflow and torch: about 15 s each
+def test_a_fresh_process_loads_its_model_and_gets_the_exact_distribution(row: tuple[str, str], tmp_path: Path) -> None:
+    uri, run_id = row
+    code = (
+        "import json, mlflow, pandas as pd\n"
+        f"mlflow.set_tracking_uri({uri!r})\n"
+        f"model = mlflow.pyfunc.load_model('runs:/{run_id}/model')\n"
+        f"out = model.predict(pd.DataFrame({{'context': [{PROMPT!r}], 'next_word': ['the']}}), params={{'k': 3}})\n"
+        "print(json.dumps({'words': list(out['words'][0]), 'logprob': float(out['logprob'][0])}))\n"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    answer = json.loads(found.stdout.strip().splitlines()[-1])
+    scorer = RunScorer(uri, run_id)
+    with torch.no_grad():
+        logp = scorer.model().next_logprobs([scorer.words(PROMPT)])[0].double()
+    assert answer["logprob"] == pytest.approx(float(logp[scorer.corpus.vocab.index("the")]), rel=1e-5)
+    assert answer["words"] == [scorer.corpus.vocab[i] for i in logp.topk(3).indices]
