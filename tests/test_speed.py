@@ -172,6 +172,9 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         "train bf16-mixed",
         "train auto",
         "train sampled",
+        "train classes 32-true",
+        "train classes bf16-mixed",
+        "train classes auto",
         "eval valid float32",
         "probs valid float32",
         "probs test float32",
@@ -185,11 +188,44 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         low, high = line[f"{rate}_range"]
         assert 0 < low <= line[rate] <= high, line
         assert line["repeats"] == 3 and line["seconds"] >= 3 * 0.01 and line.get("steps", line.get("passes")) >= 3
-        if line["what"].startswith(("train", "eval")) and line["what"] != "train sampled":  # it computes less
+        computes_less = line["what"].startswith(("train sampled", "train classes"))  # than the layer shapes count
+        if line["what"].startswith(("train", "eval")) and not computes_less:
             assert 0 < line["achieved_gflops"] and 0 < line["matmul_gflops"]
     auto, sampled = lines[5], lines[6]
     assert auto["resolved"] in ("32-true", "bf16-mixed") and auto["auto"].startswith(auto["resolved"])
     assert (sampled["samples"], sampled["proposal"], sampled["x_32-true"] > 0) == (500, "bigram", True)
+    for classes, exact in zip(lines[7:10], lines[3:6], strict=True):  # each against the exact line of its precision
+        precision = exact["what"].removeprefix("train ")
+        assert classes[f"x_exact_{precision}"] == pytest.approx(classes["tokens_per_s"] / exact["tokens_per_s"], abs=0.01)
+        assert classes["class_method"] == "exchange" and classes["classes"] <= round(classes["vocab_size"] ** 0.5)
+        assert classes["classes"] < classes["rows_per_token"] < classes["vocab_size"]
+
+
+def test_bench_measures_the_energy_network_sampled_and_a_class_layer_with_its_method(
+    tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    result = run_script(
+        "nplm-bench",
+        f"data.path={tiny_brown_path}",
+        *data_slice(2_000, 1_000, 1_000),
+        "experiment=mlp9",
+        "model.output=energy",
+        "model.class_method=frequency",
+        "bench.what=[sampled,classes]",
+        "bench.precisions=32-true",
+        "bench.warmup=2",
+        "bench.min_seconds=0.01",
+        "bench.repeats=2",
+        f"hydra.run.dir={tmp_path}/out",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(line["what"], line.get("output"), line.get("class_method")) for line in lines] == [
+        ("train sampled", "energy", None),
+        ("train classes 32-true", None, "frequency"),
+    ]
 
 
 def test_bench_trains_across_epochs_until_its_rounds_are_done(tiny_brown_path: Path, tmp_path: Path) -> None:
