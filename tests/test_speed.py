@@ -201,6 +201,7 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         assert classes["classes"] < classes["rows_per_token"] < classes["vocab_size"]
 
 
+@pytest.mark.slow  # two benches' start-up and training: about 10 s; the default bench test has the class lines
 def test_bench_measures_the_energy_network_sampled_and_a_class_layer_with_its_method(
     tiny_brown_path: Path, tmp_path: Path
 ) -> None:
