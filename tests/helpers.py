@@ -86,6 +86,31 @@ def run_script(
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 
+def check_loaded_model(uri: str, run_id: str, context: str, cwd: Path) -> None:
+    """The run's MLflow Model, loaded in a fresh Python process as a user loads it, answers for `context` what the
+    run rebuilt in this process computes: ln P(the) and the 3 most probable next words."""
+    import json
+
+    import torch
+
+    from nplm_repro.tracking.scoring import RunScorer
+
+    code = (
+        "import json, mlflow, pandas as pd\n"
+        f"mlflow.set_tracking_uri({uri!r})\n"
+        f"model = mlflow.pyfunc.load_model('runs:/{run_id}/model')\n"
+        f"out = model.predict(pd.DataFrame({{'context': [{context!r}], 'next_word': ['the']}}), params={{'k': 3}})\n"
+        "print(json.dumps({'words': list(out['words'][0]), 'logprob': float(out['logprob'][0])}))\n"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, check=True)
+    answer = json.loads(found.stdout.strip().splitlines()[-1])
+    scorer = RunScorer(uri, run_id)
+    with torch.no_grad():
+        logp = scorer.model().next_logprobs([scorer.words(context)])[0].double()
+    assert answer["logprob"] == pytest.approx(float(logp[scorer.corpus.vocab.index("the")]), rel=1e-5)
+    assert answer["words"] == [scorer.corpus.vocab[i] for i in logp.topk(3).indices]
+
+
 def sweep_output(result: subprocess.CompletedProcess, workdir: Path) -> str:
     """What a sweep run in `workdir` said: its own output, then its jobs' (joblib's jobs write to their output.log)."""
     newest = max(workdir.glob("multirun/*/*"), default=None)

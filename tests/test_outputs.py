@@ -6,16 +6,13 @@ nplm-score's code, its Model loaded in a fresh process, text continued by nplm-a
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
 import torch
-from helpers import SLICE, composed
+from helpers import SLICE, check_loaded_model, composed
 from torch.nn import functional as F
 
 from nplm_repro.checks import check_config
@@ -220,17 +217,4 @@ def test_nplm_ask_continues_a_prompt_with_it(row: tuple[str, str], ask, tmp_path
 @pytest.mark.slow  # a fresh Python process that imports mlflow and torch: about 15 s each
 def test_a_fresh_process_loads_its_model_and_gets_the_exact_distribution(row: tuple[str, str], tmp_path: Path) -> None:
     uri, run_id = row
-    code = (
-        "import json, mlflow, pandas as pd\n"
-        f"mlflow.set_tracking_uri({uri!r})\n"
-        f"model = mlflow.pyfunc.load_model('runs:/{run_id}/model')\n"
-        f"out = model.predict(pd.DataFrame({{'context': [{PROMPT!r}], 'next_word': ['the']}}), params={{'k': 3}})\n"
-        "print(json.dumps({'words': list(out['words'][0]), 'logprob': float(out['logprob'][0])}))\n"
-    )
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
-    answer = json.loads(found.stdout.strip().splitlines()[-1])
-    scorer = RunScorer(uri, run_id)
-    with torch.no_grad():
-        logp = scorer.model().next_logprobs([scorer.words(PROMPT)])[0].double()
-    assert answer["logprob"] == pytest.approx(float(logp[scorer.corpus.vocab.index("the")]), rel=1e-5)
-    assert answer["words"] == [scorer.corpus.vocab[i] for i in logp.topk(3).indices]
+    check_loaded_model(uri, run_id, PROMPT, tmp_path)

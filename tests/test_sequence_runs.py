@@ -3,16 +3,12 @@ in a fresh process, their test perplexity scored again by nplm-score's code, tex
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
-import torch
-from helpers import SLICE, composed
+from helpers import SLICE, check_loaded_model, composed
 
 from nplm_repro.models.use import continue_ids
 from nplm_repro.perplexity import perplexity_of
@@ -61,21 +57,7 @@ def test_its_test_perplexity_is_scored_again_to_a_millionth(row: tuple[str, str]
 @pytest.mark.slow
 def test_a_fresh_process_loads_its_model_and_gets_the_exact_softmax(row: tuple[str, str], tmp_path: Path) -> None:
     uri, run_id = row
-    code = (
-        "import json, mlflow, pandas as pd\n"
-        f"mlflow.set_tracking_uri({uri!r})\n"
-        f"model = mlflow.pyfunc.load_model('runs:/{run_id}/model')\n"
-        f"out = model.predict(pd.DataFrame({{'context': [{CONTEXT!r}], 'next_word': ['the']}}), params={{'k': 3}})\n"
-        "print(json.dumps({'words': list(out['words'][0]), 'logprob': float(out['logprob'][0])}))\n"
-    )
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
-    answer = json.loads(found.stdout.strip().splitlines()[-1])
-    scorer = RunScorer(uri, run_id)
-    module = scorer.model()
-    with torch.no_grad():
-        logp = module.next_logprobs([scorer.words(CONTEXT)])[0].double()
-    assert answer["logprob"] == pytest.approx(float(logp[scorer.corpus.vocab.index("the")]), rel=1e-5)
-    assert answer["words"] == [scorer.corpus.vocab[i] for i in logp.topk(3).indices]
+    check_loaded_model(uri, run_id, CONTEXT, tmp_path)
 
 
 @pytest.mark.slow

@@ -196,33 +196,38 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
     assert (sampled["samples"], sampled["proposal"], sampled["x_32-true"] > 0) == (500, "bigram", True)
     for classes, exact in zip(lines[7:10], lines[3:6], strict=True):  # each against the exact line of its precision
         precision = exact["what"].removeprefix("train ")
-        assert classes[f"x_exact_{precision}"] == pytest.approx(classes["tokens_per_s"] / exact["tokens_per_s"], abs=0.01)
+        assert classes[f"x_exact_{precision}"] == pytest.approx(
+            classes["tokens_per_s"] / exact["tokens_per_s"], abs=0.01
+        )
         assert classes["class_method"] == "exchange" and classes["classes"] <= round(classes["vocab_size"] ** 0.5)
         assert classes["classes"] < classes["rows_per_token"] < classes["vocab_size"]
+
+
+def tiny_bench(tiny_path: Path, tmp_path: Path, *overrides: str) -> list[dict]:
+    """nplm-bench on MLP9 and 2,000 training tokens of the tiny corpus, 2 rounds of 0.01 s a line: its JSON lines."""
+    result = run_script(
+        "nplm-bench",
+        f"data.path={tiny_path}",
+        *data_slice(2_000, 1_000, 1_000),
+        "experiment=mlp9",
+        "bench.precisions=32-true",  # one name: the list of it
+        "bench.min_seconds=0.01",
+        "bench.repeats=2",
+        *overrides,
+        f"hydra.run.dir={tmp_path}/out",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in result.stdout.splitlines()]
 
 
 @pytest.mark.slow  # two benches' start-up and training: about 10 s; the default bench test has the class lines
 def test_bench_measures_the_energy_network_sampled_and_a_class_layer_with_its_method(
     tiny_brown_path: Path, tmp_path: Path
 ) -> None:
-    result = run_script(
-        "nplm-bench",
-        f"data.path={tiny_brown_path}",
-        *data_slice(2_000, 1_000, 1_000),
-        "experiment=mlp9",
-        "model.output=energy",
-        "model.class_method=frequency",
-        "bench.what=[sampled,classes]",
-        "bench.precisions=32-true",
-        "bench.warmup=2",
-        "bench.min_seconds=0.01",
-        "bench.repeats=2",
-        f"hydra.run.dir={tmp_path}/out",
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    overrides = ("model.output=energy", "model.class_method=frequency", "bench.what=[sampled,classes]")
+    lines = tiny_bench(tiny_brown_path, tmp_path, *overrides, "bench.warmup=2")
     assert [(line["what"], line.get("output"), line.get("class_method")) for line in lines] == [
         ("train sampled", "energy", None),
         ("train classes 32-true", None, "frequency"),
@@ -232,22 +237,7 @@ def test_bench_measures_the_energy_network_sampled_and_a_class_layer_with_its_me
 def test_bench_trains_across_epochs_until_its_rounds_are_done(tiny_brown_path: Path, tmp_path: Path) -> None:
     """An epoch of 2,000 tokens is 8 steps: the warm-up alone runs into the third epoch, and the fit still ends when
     the clock's last round does (sampled training runs an epoch of Brown in seconds, a GPU faster still)."""
-    result = run_script(
-        "nplm-bench",
-        f"data.path={tiny_brown_path}",
-        *data_slice(2_000, 1_000, 1_000),
-        "experiment=mlp9",
-        "bench.what=[train,sampled]",
-        "bench.precisions=32-true",  # one name: the list of it
-        "bench.warmup=20",
-        "bench.min_seconds=0.01",
-        "bench.repeats=2",
-        f"hydra.run.dir={tmp_path}/out",
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    lines = tiny_bench(tiny_brown_path, tmp_path, "bench.what=[train,sampled]", "bench.warmup=20")
     assert [(line["what"], line["repeats"]) for line in lines] == [("train 32-true", 2), ("train sampled", 2)]
 
 
