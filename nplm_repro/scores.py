@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nplm_repro.perplexity import perplexity_of_logprobs
+
 ARTIFACT = "scores.npz"  # the run's artifact
 KEPT_SPLITS = ("valid", "test")  # what every run keeps (train would be 4.5 times as much, and no report needs it)
 
@@ -37,7 +39,7 @@ class SplitScores:
 
     def perplexity(self) -> float:
         """exp of the mean negative log-probability, accumulated in float64 (as every logged perplexity is)."""
-        return float(np.exp(-np.mean(self.logprob, dtype=np.float64)))
+        return perplexity_of_logprobs(self.logprob)
 
     def by_text(self, texts: int) -> tuple[np.ndarray, np.ndarray]:
         """Per text: the sum of its tokens' log-probabilities (float64) and its number of tokens, [texts] each."""

@@ -22,6 +22,7 @@ import yaml
 from scipy import stats
 
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
+from nplm_repro.reporting.formats import pct
 from nplm_repro.reporting.intervals import Difference, Evidence
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
@@ -102,10 +103,6 @@ def verdict_of(difference: Difference, kind: str, threshold: float) -> str:
     return FAILS if low > threshold or high < -threshold else INCONCLUSIVE
 
 
-def _pct(value: float) -> str:
-    return f"{value:+.1%}"
-
-
 def seed_interval(ratios: list[float]) -> tuple[float, float] | None:
     """The 95% t interval of the mean of per-seed values; None with fewer than 2 seeds."""
     if len(ratios) < 2:
@@ -145,7 +142,7 @@ class Checker:
         if not seeds:
             return f"{a} to {b}: not measured (no seed run in both)", None
         mean_a, mean_b = (np.mean([values[row][s] for s in seeds]) for row in pair)
-        head = f"{a} to {b}: {what} {mean_a:,.{unit}f} against {mean_b:,.{unit}f}, {_pct(float(np.mean(ratios)))}"
+        head = f"{a} to {b}: {what} {mean_a:,.{unit}f} against {mean_b:,.{unit}f}, {pct(float(np.mean(ratios)))}"
         bounds = seed_interval(ratios)
         if bounds is None:
             return f"{head}; no interval: 1 seed", INCONCLUSIVE
@@ -154,7 +151,7 @@ class Checker:
             Measured(f"{a} to {b} ({kind})", float(np.mean(ratios)), *bounds, verdict, kind, threshold)
         )
         count = f"{len(seeds)} seeds"
-        return f"{head}, 95% interval over {count} [{_pct(bounds[0])}, {_pct(bounds[1])}]: {verdict}", verdict
+        return f"{head}, 95% interval over {count} [{pct(bounds[0])}, {pct(bounds[1])}]: {verdict}", verdict
 
     def _resolve(self, row: str | dict[str, list[str]], values: dict[str, tuple[float, float]]) -> str | None:
         if isinstance(row, dict):
@@ -169,13 +166,13 @@ class Checker:
         paper = ""
         b, m = (self.numbers.paper.get(row, (math.nan, math.nan))[1] for row in (p_baseline, p_model))
         if not (math.isnan(b) or math.isnan(m)):  # a row the paper has no number for (a mixture it did not report)
-            paper = f"; paper {p_baseline} {b:g}, {p_model} {m:g}: {_pct(b / m - 1)}"
+            paper = f"; paper {p_baseline} {b:g}, {p_model} {m:g}: {pct(b / m - 1)}"
         if baseline not in ours or model not in ours:
             names = [str(r) if not isinstance(r, dict) else "best of " + ", ".join(r["best_of"]) for r in pair]
             missing = [n for n, r in zip(names, (baseline, model)) if r not in ours]
             return f"{names[0]} over {names[1]}: not measured ({', '.join(missing)}: no finished run){paper}", None
         b, m = ours[baseline][1], ours[model][1]
-        head = f"{baseline} over {model}: test {b:.1f} against {m:.1f}, {_pct(b / m - 1)}"
+        head = f"{baseline} over {model}: test {b:.1f} against {m:.1f}, {pct(b / m - 1)}"
         difference = self.evidence.compare(baseline, model)
         if difference is None:
             return f"{head}; {NO_SCORES}{paper}", INCONCLUSIVE
@@ -185,7 +182,7 @@ class Checker:
                 f"{baseline} / {model}", difference.estimate, difference.low, difference.high, verdict, kind, threshold
             )
         )
-        return f"{head}, 95% interval [{_pct(difference.low)}, {_pct(difference.high)}]: {verdict}{paper}", verdict
+        return f"{head}, 95% interval [{pct(difference.low)}, {pct(difference.high)}]: {verdict}{paper}", verdict
 
     def claim(self, spec: dict[str, Any]) -> Claim:
         lines, verdicts, self.measured = [], [], []

@@ -16,6 +16,7 @@ import pandas as pd
 
 from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting.claims import Claim, check_claims
+from nplm_repro.reporting.formats import mean_std, pct
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.tracking.runs import present
 
@@ -95,10 +96,6 @@ def _unfinished(table: pd.DataFrame, step: Step, row: str) -> str:
     return "running" if (ours["running"] > 0).any() else "not run"
 
 
-def _pct(value: float) -> str:
-    return f"{value:+.1%}" if present(value) else ""
-
-
 def _ppl(value: float) -> str:
     return f"{value:.1f}" if present(value) else ""
 
@@ -121,10 +118,7 @@ def _fast(table1: pd.DataFrame | None, row: str) -> tuple[str, str, str]:
     if found.empty:
         return "not run", "not run", "0"
     fast = found.iloc[0]
-    cells = [
-        f"{fast[f'{s}_ppl']:.1f}" + (f" ± {fast[f'{s}_ppl_std']:.1f}" if present(fast[f"{s}_ppl_std"]) else "")
-        for s in ("valid", "test")
-    ]
+    cells = [mean_std(fast[f"{s}_ppl"], fast[f"{s}_ppl_std"]) for s in ("valid", "test")]
     return cells[0], cells[1], str(fast["seeds"])
 
 
@@ -143,7 +137,7 @@ def beside(table: pd.DataFrame, table1: pd.DataFrame | None) -> pd.DataFrame:
             record |= {
                 f"{split}, paper recipe": _ppl(mine) or _unfinished(table, STEPS[0], row),
                 f"{split}, paper": f"{theirs:g}",
-                f"{split} diff": _pct(mine / theirs - 1),
+                f"{split} diff": pct(mine / theirs - 1),
             }
         mixed = run is not None and run["mix"] != "no"
         record["epochs"] = "" if run is None or mixed else _epochs(run)
@@ -168,7 +162,7 @@ def ablation(table: pd.DataFrame) -> pd.DataFrame:
         against = before[0] if before is not None else ""
         for split in ("valid", "test"):
             change = run[f"{split}_ppl"] / before[1][f"{split}_ppl"] - 1 if before is not None else np.nan
-            record |= {split: _ppl(run[f"{split}_ppl"]), f"{split} change": _pct(change)}
+            record |= {split: _ppl(run[f"{split}_ppl"]), f"{split} change": pct(change)}
         record |= {"against": against, "epochs": _epochs(run), "fit min": _minutes(run)}
         records.append(record)
         before = (step.name, run)

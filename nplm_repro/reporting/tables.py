@@ -18,6 +18,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_SETUP, PAPER_TABLES, label, paper_table, row_key
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims, study_spec
+from nplm_repro.reporting.formats import mean_std
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import history, training_speeds, varying_keys
 from nplm_repro.scores import KEPT_SPLITS
@@ -299,10 +300,7 @@ DIRTY_MARK = " (+dirty)"
 def _ours(row: pd.Series, split: str) -> str:
     if row["status"] != "finished":
         return {"missing": "not run"}.get(row["status"], row["status"])
-    mean, std = row[f"{split}_ppl"], row[f"{split}_ppl_std"]
-    if not present(mean):
-        return ""
-    return f"{mean:.1f} ± {std:.1f}" if present(std) else f"{mean:.1f}"
+    return mean_std(row[f"{split}_ppl"], row[f"{split}_ppl_std"])
 
 
 def _interval(row: pd.Series, split: str) -> str:
@@ -343,10 +341,7 @@ def _range(row: pd.Series, split: str) -> str:
 
 
 def _best_epoch(row: pd.Series) -> str:
-    mean, std = row["best_epoch"], row["best_epoch_std"]
-    if not present(mean):
-        return ""
-    return f"{mean:.1f} ± {std:.1f}" if present(std) else f"{mean:.0f}"
+    return mean_std(row["best_epoch"], row["best_epoch_std"], alone=".0f")
 
 
 def attempts_table(report: Report) -> pd.DataFrame:
@@ -377,7 +372,4 @@ def attempts_table(report: Report) -> pd.DataFrame:
 
 
 def _train_speed(row: pd.Series) -> str:
-    mean, std = row["train_speed"], row["train_speed_std"]
-    if not present(mean):
-        return ""
-    return f"{mean:,.0f} ± {std:,.0f}" if present(std) else f"{mean:,.0f}"
+    return mean_std(row["train_speed"], row["train_speed_std"], ",.0f")

@@ -22,6 +22,7 @@ from nplm_repro.baselines.ngram import DeletedInterpolation
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.use import nearest
+from nplm_repro.perplexity import perplexity_of
 
 FOLDER = "features"
 PROBES = (
@@ -97,7 +98,7 @@ def sentences(module: LanguageModule, corpus: Corpus) -> list[str]:
         cells = [
             f"{w}{' (<unk>)' if w not in index else ''} {p:.3g} / {q:.3g}" for w, p, q in zip(words, model, counted)
         ]
-        ppl = [float(np.exp(-np.log(p).mean())) for p in (model, counted)]
+        ppl = [perplexity_of(p) for p in (model, counted)]
         lines.append(f"{sentence}: P(word | before) {name} / Del. Int.: {'; '.join(cells)}")
         lines.append(f"{sentence}: perplexity {name} {ppl[0]:.1f}, Del. Int. {ppl[1]:.1f}")
     return lines
