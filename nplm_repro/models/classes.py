@@ -89,7 +89,7 @@ class _LogNormalisers(Function):
     product per class the batch holds (its rows against its words), so no (row, word) pair is gathered with its
     inputs, and the gradient reaches only those words' rows. `words`: the classes' words, class after class;
     `tokens`, `sizes`: rows and words per class; then b, and (input, weight) pairs, each input's rows sorted by class.
-    A batch of 256 holds about 90 of 134 classes, so a step makes about 90 small products each way: Python's loop
+    A batch of 256 holds 88 to 96 of 134 classes, so a step makes about 90 small products each way: Python's loop
     costs more than their arithmetic (docs/performance.md)."""
 
     @staticmethod
