@@ -5,6 +5,7 @@ nplm-report --study grid --fingerprint b45c28977b58c44b
 nplm-report --tracking-uri http://127.0.0.1:5000 --out /tmp/reports
 nplm-report --require-clean                    # only runs made from committed code (no git commit +dirty)
 nplm-report --study brown_table1 --register     # also register the study's best model (nplm-brown-brown_table1)
+nplm-report --study my_studies/m100.yaml        # a study file outside sweeps/: its `study` and `reporting`
 
 Which runs make the table: nplm_repro/tracking/runs.py; which row and run are the best: nplm_repro/tracking/best.py.
 """
@@ -15,6 +16,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from nplm_repro.cli import TRACEBACK, cli, store_arguments
 from nplm_repro.errors import NplmError
@@ -22,16 +24,24 @@ from nplm_repro.paper import PAPER_TABLES
 from nplm_repro.paths import check_report_dir
 from nplm_repro.reporting.claims import headline
 from nplm_repro.reporting.render import write
+from nplm_repro.reporting.study import checked, declaration, study_file
 from nplm_repro.reporting.tables import build
 
 log = logging.getLogger(__name__)
+
+TABLE1 = next(iter(PAPER_TABLES))  # the study named after the paper's first table, as untagged runs of its rows are
 
 __all__ = ["main", "write_study"]
 
 
 def _main() -> None:
     parser = argparse.ArgumentParser(prog="nplm-report", description=__doc__.splitlines()[0])
-    parser.add_argument("--study", default="brown_table1", help="brown_table1, ap_table2, or a sweep's name")
+    parser.add_argument(
+        "--study",
+        default=TABLE1,
+        help=f"a study (sweeps/<name>.yaml), a study file (PATH.yaml), or a sweep's name (default: {TABLE1}, the "
+        "study of the paper's Table 1)",
+    )
     parser.add_argument("--experiment", help="MLflow experiment (default: the paper table's corpus, else brown)")
     store_arguments(parser)
     parser.add_argument("--fingerprint", help="data fingerprint to report (default: that of the newest run)")
@@ -49,8 +59,12 @@ def _main() -> None:
     )
     args = parser.parse_args()
     check_report_dir(str(args.out), f"--out {args.out}")
-    experiment = args.experiment or PAPER_TABLES.get(args.study, "brown")
-    report = build(args.tracking_uri, experiment, args.study, args.fingerprint, args.require_clean)
+    if args.study.endswith((".yaml", ".yml")):
+        study, spec = study_file(Path(args.study))
+    else:
+        study, spec = args.study, declaration(args.study)
+    experiment = args.experiment or PAPER_TABLES.get(spec.get("paper", ""), "brown")
+    report = build(args.tracking_uri, experiment, study, args.fingerprint, args.require_clean, spec)
     if args.require_clean:
         print(f"nplm-report: left out {report.left_out} runs from dirty work trees (--require-clean)", file=sys.stderr)
     for path in write(report, args.out):
@@ -58,7 +72,7 @@ def _main() -> None:
     if args.register:
         from nplm_repro.tracking.registry import register_best  # loads torch: a report alone never does
 
-        registered = register_best(args.tracking_uri, experiment, args.study, args.fingerprint, args.require_clean)
+        registered = register_best(args.tracking_uri, experiment, study, args.fingerprint, args.require_clean)
         print(
             f"registered: models:/{registered}, served as models:/{registered.rsplit('/', 1)[0]}@champion"
             if registered
@@ -69,12 +83,16 @@ def _main() -> None:
 main = cli(_main, traceback_env=TRACEBACK)
 
 
-def write_study(uri: str, experiment: str, study: str, out: Path) -> tuple[list[Path], dict[str, float]]:
-    """The study's report, as `nplm-report --study` writes it, when a sweep ends (conf/config.yaml names this);
-    returns its files and headline numbers, which the sweep keeps on its parent run. A report that cannot be
-    built is only a warning (no files, no numbers)."""
+def write_study(
+    uri: str, experiment: str, study: str, out: Path, declared: dict[str, Any] | None = None
+) -> tuple[list[Path], dict[str, float]]:
+    """The study's report, as `nplm-report --study` writes it, when a sweep ends (conf/config.yaml names this), with
+    what the sweep's study file declares (`declared`; None: sweeps/<study>.yaml's); returns its files and headline
+    numbers, which the sweep keeps on its parent run. A report that cannot be built is only a warning (no files,
+    no numbers)."""
     try:
-        report = build(uri, experiment, study)
+        spec = declaration(study) if declared is None else checked(declared, f"study {study}")
+        report = build(uri, experiment, study, spec=spec)
         written = write(report, out)
     except NplmError as error:
         log.warning("no report of study %s: %s", study, error)

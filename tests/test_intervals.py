@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from nplm_repro.paper import FAMILY_NAMES, label, paper_table
-from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, declared, verdict_of
+from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, verdict_of
 from nplm_repro.reporting.intervals import Bootstrap, Difference, Evidence, TextSums, interval
+from nplm_repro.reporting.study import declaration
 
 
 def corpus_of_texts(rng: np.random.Generator, texts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -105,7 +106,7 @@ def test_three_way_verdicts(low: float, high: float, kind: str, threshold: float
 def test_every_row_a_claim_names_is_a_row_of_the_papers_table(study: str) -> None:
     labels = set(paper_table(study).apply(label, axis=1))
     families = set(paper_table(study)["family"])
-    for claim in declared(study):
+    for claim in declaration(study)["claims"]:
         for kind in ("better", "equivalent"):
             for pair in claim.get(kind, []):
                 for row in pair:

@@ -16,12 +16,14 @@ from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.windows import loader
 from nplm_repro.errors import NplmError
 from nplm_repro.models.lightning_module import NPLMModule, schedules
-from nplm_repro.reporting.recipe import STEPS, step_of
+from nplm_repro.reporting.recipe import Recipe, step_of
+from nplm_repro.reporting.study import declaration
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.records import flat_params
 
 FP = "0123456789abcdef"
 FIXED = ("data.path=brown.zip", "callbacks.model_checkpoint.dirpath=checkpoints")  # what the sweep resolves
+STEPS = Recipe.declared(declaration("brown_recipe")["recipe"]).steps  # the steps the study file declares
 STEP_JOBS = ("mlp5_paper", "mlp5_batch256", "mlp5_rate5x", "mlp5_drop", "mlp5_fast")  # in STEPS' order
 
 
@@ -33,7 +35,7 @@ def job(name: str, *overrides: str) -> DictConfig:
 def step(cfg: DictConfig) -> str | None:
     """The report's step of a job, read from the params it would log (as MLflow keeps them: strings)."""
     params = {k: str(v) for k, v in flat_params(cfg).items() if k.startswith("optim.")}
-    found = step_of(json.dumps(params))
+    found = step_of(json.dumps(params), STEPS)
     return found.name if found else None
 
 

@@ -27,6 +27,7 @@ from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exact
 from nplm_repro.reporting.render import write
+from nplm_repro.reporting.study import declaration
 from nplm_repro.reporting.tables import Report, build
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.records import flat_params
@@ -480,19 +481,19 @@ def paper_as_ours(study: str = "brown_table1", **test: float | None) -> pd.DataF
 
 
 def verdicts(table: pd.DataFrame) -> list[str]:
-    return [claim.verdict for claim in check_claims("brown_table1", table, evidence_of(table))]
+    return [claim.verdict for claim in check_claims(declaration("brown_table1")["claims"], table, evidence_of(table))]
 
 
 def test_the_papers_own_numbers_satisfy_every_claim_it_makes() -> None:
     table = paper_as_ours()
-    claims = check_claims("brown_table1", table, evidence_of(table))
+    claims = check_claims(declaration("brown_table1")["claims"], table, evidence_of(table))
     assert [c.verdict for c in claims] == [HOLDS] * 5
     assert (
         claims[3].evidence[0].startswith("class-based back-off n=3 c=500 over MLP10: test 312.0 against 252.0, +23.8%")
     )
     assert claims[4].evidence[0].endswith(": holds; paper Del. Int. 336, MLP10 252: +33.3%")
     ap = paper_as_ours("ap_table2")
-    claims = check_claims("ap_table2", ap, evidence_of(ap))
+    claims = check_claims(declaration("ap_table2")["claims"], ap, evidence_of(ap))
     assert [c.verdict for c in claims] == [HOLDS] and "+7.3%" in claims[0].evidence[0]
 
 
@@ -509,7 +510,7 @@ def test_a_mixture_worse_than_its_mlp_fails_the_mixing_claim() -> None:
 def test_a_difference_within_the_noise_of_the_texts_is_inconclusive() -> None:
     """MLP2 0.1% above MLP1 while a text moves each row by about 1% independently: neither helps nor hurts."""
     table = paper_as_ours(MLP2=268.3)
-    mixing = check_claims("brown_table1", table, evidence_of(table, noise=0.01))[0]
+    mixing = check_claims(declaration("brown_table1")["claims"], table, evidence_of(table, noise=0.01))[0]
     assert mixing.verdict == INCONCLUSIVE
 
 
@@ -522,10 +523,10 @@ def test_hidden_units_and_context_claims_follow_our_numbers() -> None:
 
 def test_the_best_mlp_is_chosen_on_validation_and_must_beat_the_best_ngram() -> None:
     table = paper_as_ours(MLP10=320)
-    claims = check_claims("brown_table1", table, evidence_of(table))
+    claims = check_claims(declaration("brown_table1")["claims"], table, evidence_of(table))
     assert claims[3].verdict == FAILS and "over MLP10: test 312.0 against 320.0, -2.5%" in claims[3].evidence[0]
     table = paper_as_ours(**{"class-based_back-off_n=3_c=500": None})
-    partly = check_claims("brown_table1", table, evidence_of(table))
+    partly = check_claims(declaration("brown_table1")["claims"], table, evidence_of(table))
     assert partly[3].evidence[0].startswith("class-based back-off n=4 c=500 over MLP10: test 312.0")
 
 
@@ -533,7 +534,9 @@ def test_the_margins_are_the_issues_thresholds_20_and_30_percent() -> None:
     """MLP10 at 265: the class-based row (312) is 17.7% above it, Del. Int. (336) 26.8%: both positive, both short."""
     assert verdicts(paper_as_ours(MLP10=265))[3:] == [FAILS, FAILS]
     table = paper_as_ours(MLP10=259)  # 20.5% and 29.7%: 0.5% and 0.3% from the thresholds, so texts must agree
-    assert [c.verdict for c in check_claims("brown_table1", table, evidence_of(table, spread=0.002))][3:] == [
+    assert [
+        c.verdict for c in check_claims(declaration("brown_table1")["claims"], table, evidence_of(table, spread=0.002))
+    ][3:] == [
         HOLDS,
         FAILS,
     ]
@@ -541,7 +544,7 @@ def test_the_margins_are_the_issues_thresholds_20_and_30_percent() -> None:
 
 def test_rows_whose_runs_kept_no_scores_get_no_verdict_but_inconclusive() -> None:
     table = paper_as_ours()
-    claims = check_claims("brown_table1", table, Evidence({}, {}))
+    claims = check_claims(declaration("brown_table1")["claims"], table, Evidence({}, {}))
     assert {c.verdict for c in claims} == {INCONCLUSIVE}
     assert "no interval: its runs kept no scores" in claims[0].evidence[0]
 
@@ -558,7 +561,7 @@ def direct_claims(epochs: dict[str, dict[str, float]]) -> list:
     table = pd.DataFrame(
         {"label": labels, "family": "mlp", "status": "finished", "valid_ppl": 280.0, "test_ppl": 270.0}
     ).assign(paper_valid_ppl=np.nan, paper_test_ppl=np.nan)
-    return check_claims("brown_direct", table, Evidence({}, {}), epochs)
+    return check_claims(declaration("brown_direct")["claims"], table, Evidence({}, {}), epochs)
 
 
 def test_more_epochs_is_judged_seed_by_seed_with_a_t_interval() -> None:
@@ -800,7 +803,9 @@ def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16() 
             "minutes": [31.0, 7.0],
         }
     )
-    claim, line, arithmetic = sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", "17907"))
+    claim, line, arithmetic = sampled_vs_exact(
+        Context("brown_sampled", declaration("brown_sampled"), runs, pd.DataFrame(), "", "17907")
+    )
     assert line.startswith("MLP9: exact (bf16-mixed) valid 260.0, test 240.0, 15 epochs, 30.0 min; sampled (k=500, ")
     assert line.endswith(
         "valid 262.6 (+1.0%), test 240.0 (+0.0%), 17 epochs, 6.0 min in fit: 5.0x faster; no interval: its runs kept "
@@ -817,10 +822,12 @@ def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16() 
         (260.0, 0.0, "fails"),
     ):
         evidence = evidence_of(runs.assign(test_ppl=[240.0, sampled_test]), noise=noise)
-        claim, line, _ = sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", "17907", evidence))
+        claim, line, _ = sampled_vs_exact(
+            Context("brown_sampled", declaration("brown_sampled"), runs, pd.DataFrame(), "", "17907", evidence)
+        )
         assert claim.endswith(f": {verdict}.") and line.endswith(f"]: {verdict}"), line
     runs.loc[1, "config"] = json.dumps(sampled | {"model.h": "50"})  # another model: no pair
-    assert sampled_vs_exact(Context("brown_sampled", runs, pd.DataFrame(), "", "")) == []
+    assert sampled_vs_exact(Context("brown_sampled", declaration("brown_sampled"), runs, pd.DataFrame(), "", "")) == []
 
 
 def test_the_claims_forest_plot_has_one_line_per_measured_pair_under_its_claim(tmp_path: Path) -> None:
@@ -831,7 +838,7 @@ def test_the_claims_forest_plot_has_one_line_per_measured_pair_under_its_claim(t
     from nplm_repro.reporting.figures import claims_forest, short_labels
 
     table = paper_as_ours()
-    claims = check_claims("brown_table1", table, evidence_of(table))
+    claims = check_claims(declaration("brown_table1")["claims"], table, evidence_of(table))
     assert sum(len(c.measured) for c in claims) == 15 and all(
         m.low <= m.estimate <= m.high for c in claims for m in c.measured
     )

@@ -1,6 +1,7 @@
 """Studies are the config group `study` (sweeps/, installed as nplm_repro/conf/study): `nplm-train -m study=<name>`
 from any directory composes the jobs that `nplm-train -cd sweeps -cn <name>` composed, keys and all."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.cli import study_form
 from nplm_repro.errors import NplmError
+from nplm_repro.reporting.study import KNOWN, declaration, study_file
 from nplm_repro.tracking.keys import config_key, model_key
 
 STUDIES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
@@ -116,3 +118,62 @@ def test_the_wheel_lists_every_package() -> None:
     assert sorted(setuptools["packages"]) == sorted(found | {"nplm_repro.conf"})
     assert setuptools["package-dir"] == {"nplm_repro.conf": "conf"}
     assert (ROOT / "conf" / "study").resolve() == SWEEPS.resolve()
+
+
+EXAMPLES = ROOT / "docs" / "examples"  # docs/studies.md's own study, "do 100 dimensions beat 60?"
+ON_TINY = [  # the example on the tiny corpus: its splits, one epoch, two seeds
+    *("data.split.train=7000", "data.split.valid=1500", "data.split.test=1500"),
+    *("trainer.max_epochs=1", "seed=1,2"),
+]
+
+
+@pytest.mark.slow  # about 40 s: four one-epoch jobs
+def test_a_users_own_study_is_one_file_and_ends_in_its_report(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """docs/studies.md's study file, outside sweeps/ (Hydra's search path): its report written when its sweep ends
+    and again by `nplm-report --study FILE`, with its rows, their 95% intervals and the verdict of its claim."""
+    uri, study = f"sqlite:///{tmp_path}/m.db", EXAMPLES / "study" / "m100.yaml"
+    assert f"```yaml\n{study.read_text()}```" in (ROOT / "docs" / "studies.md").read_text()  # as the docs show it
+    result = run_script(
+        "nplm-train", "-m", f"hydra.searchpath=[file://{EXAMPLES}]", "study=m100", f"data.path={tiny_brown_path}",
+        f"tracking.uri={uri}", *ON_TINY, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = run_script(
+        "nplm-report", "--study", str(study), "--tracking-uri", uri, "--out", str(tmp_path / "again"),
+        cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    for report in (tmp_path / "reports" / "m100.md", tmp_path / "again" / "m100.md"):
+        text = report.read_text()
+        rows = re.findall(r"^\| MLP[^|]*\|\s+4 \|\s+\|\s+50 \|\s+(\d+) \|.*\|\s+(\d+)\s+\|$", text, re.MULTILINE)
+        assert rows == [("60", "2"), ("100", "2")], text  # both rows, two seeds each
+        assert re.search(r"\| +\d+\.\d-\d+\.\d \|", text), "no 95% interval in the table"
+        verdict = r"^- \*\*Word features of 100 dimensions beat 60\*\*: (holds|fails|inconclusive)\.$"
+        assert re.search(verdict, text, re.MULTILINE) and "95% interval [" in text, text
+        assert "## My question" in text and (report.parent / "m100_m.png").is_file()
+
+
+def test_what_a_study_declares_for_its_report_is_no_part_of_a_jobs_keys_or_params() -> None:
+    """Rewording a claim, or declaring another figure, makes no finished run look new."""
+    from nplm_repro.tracking.records import flat_params
+
+    job = ("study=brown_table1", "experiment=mlp5", "data.path=brown.zip", "callbacks.model_checkpoint.dirpath=c")
+    cfg, other = composed(*job), composed(*job, "+reporting.claims_heading=another", "+reporting.knobs=[m]")
+    assert cfg.reporting.paper == "brown_table1" and other.reporting.claims_heading == "another"
+    assert config_key(cfg, "0123456789abcdef") == config_key(other, "0123456789abcdef")
+    assert flat_params(cfg) == flat_params(other) and not any(k.startswith("reporting") for k in flat_params(cfg))
+
+
+def test_a_declaration_with_a_key_the_engine_does_not_know_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text("study: mine\nreporting:\n  claim: []\n")
+    with pytest.raises(NplmError, match=r"mine.yaml: `reporting` has unknown keys claim \(known: "):
+        study_file(tmp_path / "mine.yaml")
+    (tmp_path / "nameless.yaml").write_text("reporting:\n  notes: [setup]\n")
+    with pytest.raises(NplmError, match="no `study: NAME` key"):
+        study_file(tmp_path / "nameless.yaml")
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_study_file_declares_what_the_engine_knows(study: str) -> None:
+    spec = declaration(study)
+    assert set(spec) <= KNOWN and spec["notes"], spec

@@ -15,7 +15,9 @@ COLUMNS = ("n", "c", "h", "m", "direct", "mix")  # the columns of Tables 1 and 2
 # The paper's model in the knobs its tables have no column for: a configuration with another value is named after
 # the row its columns match, but the paper has no number for it (fixed word features, say)
 PAPER_SETUP = {"model.features": "learned", "model.output": "standard"}
-PAPER_TABLES = {"brown_table1": "brown", "ap_table2": "ap"}  # study -> corpus
+# The paper's tables (their copies here, <table>.csv) and the corpus each was measured on. A study declares the table
+# its rows fill (`reporting.paper`); runs with a table's row tag but no study tag count in the study of its name.
+PAPER_TABLES = {"brown_table1": "brown", "ap_table2": "ap"}
 PAPER_TITLES = {"brown_table1": "Table 1 (Brown corpus)", "ap_table2": "Table 2 (AP News)"}
 PAPER_CORPORA = {"brown": "Brown", "ap": "AP News 1995-96"}  # what the paper's numbers were measured on
 PAPER_DATA = {  # §4, p. 1147: |V| and split sizes

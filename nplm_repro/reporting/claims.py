@@ -1,6 +1,6 @@
-"""The claims a study checks, declared in nplm_repro/reporting/studies.yaml (which rows, which direction, which threshold
-or equivalence margin), applied by one engine: each pair of rows gets the paired 95% interval of its difference on
-test and one of three verdicts, and the claim the verdict of its pairs (the file's header says how).
+"""The claims a study checks, declared in its sweeps/<study>.yaml (`reporting.claims`: which rows, which direction,
+which threshold or equivalence margin), applied by one engine: each pair of rows gets the paired 95% interval of its
+difference on test and one of three verdicts, and the claim the verdict of its pairs (docs/studies.md says how).
 
 A pair whose rows are not both measured is "not measured"; one whose runs kept no scores has no interval and is
 inconclusive, its point difference shown. A `more` pair compares the epoch of the best validation instead, and a
@@ -10,15 +10,12 @@ ratios less 1, with its t interval over seeds.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy import stats
 
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
@@ -57,25 +54,6 @@ class Claim:
     verdict: str
     evidence: tuple[str, ...]
     measured: tuple[Measured, ...] = ()
-
-
-DEFAULT_STUDY = {"notes": ["sampled_vs_exact"]}  # what a study that studies.yaml does not name says
-
-
-@functools.cache
-def _studies() -> dict[str, dict[str, Any]]:
-    with resources.files("nplm_repro.reporting").joinpath("studies.yaml").open() as f:
-        return yaml.safe_load(f)
-
-
-def study_spec(study: str) -> dict[str, Any]:
-    """What nplm_repro/reporting/studies.yaml declares for `study`: its notes, findings and claims."""
-    return _studies().get(study, DEFAULT_STUDY)
-
-
-def declared(study: str) -> list[dict[str, Any]]:
-    """The claims declared for `study` (none for a study that declares none)."""
-    return study_spec(study).get("claims") or []
 
 
 class Numbers:
@@ -215,16 +193,16 @@ def combine(verdicts: list[str | None]) -> str:
 
 
 def check_claims(
-    study: str,
+    declared: list[dict[str, Any]],
     table: pd.DataFrame,
     evidence: Evidence,
     epochs: dict[str, dict[str, float]] | None = None,
     speeds: dict[str, dict[str, float]] | None = None,
 ) -> list[Claim]:
-    """The claims declared for `study`, checked on `table`'s rows (and `epochs` for `more` claims, `speeds` for
-    `faster`)."""
+    """The claims a study declares (its `reporting.claims`), checked on `table`'s rows (and `epochs` for `more`
+    claims, `speeds` for `faster`)."""
     checker = Checker(table, evidence, epochs, speeds)
-    return [checker.claim(spec) for spec in declared(study)]
+    return [checker.claim(spec) for spec in declared]
 
 
 def headline(table: pd.DataFrame) -> dict[str, float]:

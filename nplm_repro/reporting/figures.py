@@ -28,9 +28,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, paper_table
 from nplm_repro.reporting import recipe
-from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, study_spec, verdict_of
+from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, verdict_of
 from nplm_repro.reporting.notes import SAMPLED_MARGIN, both_ways, speed_up
 from nplm_repro.reporting.tables import Report
 from nplm_repro.tracking.runs import present
@@ -71,9 +72,9 @@ def figures(report: Report) -> list[tuple[str, Figure | bytes]]:
     figures first; the features map is PNG bytes drawn when its run ended (tracking/features.py), copied as is."""
     study = report.study
     found: list[tuple[str, Figure | bytes | None]] = []
-    for name in study_spec(study).get("figures", []):
+    for name in report.spec.get("figures", []):
         if name not in HEADLINES:
-            raise ValueError(f"studies.yaml: study {study} declares figure {name!r}; figures: {', '.join(HEADLINES)}")
+            raise NplmError(f"study {study} declares figure {name!r}; figures: {', '.join(HEADLINES)}")
         found.append((f"{study}_{name}", HEADLINES[name](report)))
     found += [
         (f"{study}_test", rows_figure(report)),
@@ -91,7 +92,7 @@ def knobs(report: Report) -> list[str]:
     """The knobs the report draws test perplexity against: those its study declares (studies.yaml `knobs`: a study
     that asks one question draws no figure of another), else every column and extra key of its table."""
     every = [*COLUMNS, *report.extra]
-    declared = study_spec(report.study).get("knobs")
+    declared = report.spec.get("knobs")
     return every if declared is None else [knob for knob in declared if knob in every]
 
 
@@ -397,12 +398,12 @@ def valid_by_epoch(report: Report) -> Figure | None:
         shortest = min(len(values) for _, values in seeds if values)
         mean = np.mean([values[:shortest] for _, values in seeds if values], axis=0)
         ax.plot(np.arange(1, shortest + 1), mean, color=colour, linewidth=2.2, label=f"{names[row]}{count}")
-    targets = report.recipe.paper_valid if report.recipe else {}  # brown_recipe's
+    targets = report.recipe.paper_valid if report.recipe else {}  # a recipe study's target rows
     for style, (row, valid) in zip(("--", ":", "-."), targets.items()):
         ax.axhline(valid, color="grey", linestyle=style, linewidth=0.9, label=f"{row}, the paper's valid: {valid:g}")
     configs = [json.loads(c) for c in report.table.get("config", []) if isinstance(c, str)]  # missing rows: none
-    quarter = any(c.get("trainer.limit_val_batches") not in (None, "1.0", "1") for c in configs)
-    on = " (sampled runs: on the first quarter of validation)" if quarter else ""
+    parts = sorted({c.get("trainer.limit_val_batches") for c in configs} - {None, "None", "1.0", "1"}, key=float)
+    on = f" (runs with trainer.limit_val_batches={', '.join(parts)}: on that part of validation)" if parts else ""
     ax.set(xlabel="epoch", ylabel="validation perplexity")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole: no tick at 2.5
     ax.set_title(
@@ -548,22 +549,23 @@ def sampled_figure(report: Report) -> Figure | None:
 
 
 def recipe_figure(report: Report) -> Figure | None:
-    """brown_recipe's steps from the paper's recipe to ours as a waterfall of MLP5's test perplexity: the paper's
-    recipe a bar from the floor, each later step a bar from the step before it that ran to its own value (green
-    down, red up), its value and relative change above it; the paper's MLP5 and Table 1's optim=fast MLP5 as lines.
-    None unless two steps have a finished MLP5."""
+    """A recipe study's steps (brown_recipe's) from the paper's recipe to ours as a waterfall of the ablated row's
+    (MLP5's) test perplexity: the paper's recipe a bar from the floor, each later step a bar from the step before it
+    that ran to its own value (green down, red up), its value and relative change above it; the paper's row and
+    the compared study's optim=fast row as lines. None unless two steps have a finished run of the row."""
     if report.recipe is None:
         return None
-    table = report.table[(report.table["status"] == "finished") & (report.table["row"] == "MLP5")]
-    steps = table["config"].map(recipe.step_of)
+    plan, row = report.recipe.plan, report.recipe.plan.ablate
+    table = report.table[(report.table["status"] == "finished") & (report.table["row"] == row)]
+    steps = table["config"].map(lambda config: recipe.step_of(config, plan.steps))
     values = []
-    for step in recipe.STEPS:
+    for step in plan.steps:
         ran = table[steps == step]
         values.append(float(ran["test_ppl"].iloc[0]) if len(ran) else np.nan)  # as recipe.ablation: the first
     if np.isfinite(values).sum() < 2:
         return None
-    paper = float(paper_table(recipe.TABLE1).set_index("row").loc["MLP5", "paper_test_ppl"])
-    fast = report.recipe.beside.set_index("row").loc["MLP5", "test, fast"].split()[0]
+    paper = float(paper_table(plan.paper).set_index("row").loc[row, "paper_test_ppl"])
+    fast = report.recipe.beside.set_index("row").loc[row, "test, fast"].split()[0]
     fast = float(fast) if re.fullmatch(r"[\d.]+", fast) else np.nan
     shown = [v for v in (*values, paper, fast) if not np.isnan(v)]
     floor = min(shown) - 0.25 * (max(shown) - min(shown) or 10)
@@ -571,7 +573,7 @@ def recipe_figure(report: Report) -> Figure | None:
     ax = figure.add_subplot()
     before = None
     ticks = []
-    for x, (step, value) in enumerate(zip(recipe.STEPS, values)):
+    for x, (step, value) in enumerate(zip(plan.steps, values)):
         ticks.append(_wrap(f"{x}. {step.name}", 20) + ("\n(not run)" if np.isnan(value) else ""))
         if np.isnan(value):
             continue
@@ -589,12 +591,14 @@ def recipe_figure(report: Report) -> Figure | None:
             va="top" if down else "bottom", fontsize=8,
         )  # fmt: skip
         before = (x, value)
-    ax.axhline(paper, color="k", linestyle="--", linewidth=0.9, label=f"the paper's MLP5: {paper:g}")
+    ax.axhline(paper, color="k", linestyle="--", linewidth=0.9, label=f"the paper's {row}: {paper:g}")
     if not np.isnan(fast):
-        ax.axhline(fast, color="C0", linestyle=":", linewidth=1.2, label=f"MLP5, optim=fast (Table 1): {fast:g}")
-    ax.set_xticks(range(len(recipe.STEPS)), ticks, fontsize=8)
+        ax.axhline(
+            fast, color="C0", linestyle=":", linewidth=1.2, label=f"{row}, optim=fast ({plan.against}): {fast:g}"
+        )
+    ax.set_xticks(range(len(plan.steps)), ticks, fontsize=8)
     ax.set_ylim(floor, max(shown) + 0.15 * (max(shown) - floor))
-    ax.set_ylabel("MLP5's test perplexity")
+    ax.set_ylabel(f"{row}'s test perplexity")
     ax.set_xlabel("step, one knob changed each, against the step before it that ran")
     ax.set_title(f"{report.study}: from the paper's recipe (optim=paper) to ours (optim=fast)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)

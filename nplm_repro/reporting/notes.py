@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from nplm_repro.errors import NplmError
 from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_key
-from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, combine, study_spec, verdict_of
+from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, combine, verdict_of
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import run_name, run_text, short_commit
@@ -34,9 +36,11 @@ HOW_TRAINED = (
 
 @dataclass(frozen=True)
 class Context:
-    """What every note reads: the study, its table, every run of the experiment, the data reported and |V|."""
+    """What every note reads: the study and its declaration, its table, every run of the experiment, the data
+    reported and |V|."""
 
     study: str
+    spec: dict[str, Any]
     table: pd.DataFrame
     all_runs: pd.DataFrame
     fingerprint: str
@@ -50,10 +54,12 @@ def excluded(ctx: Context) -> list[str]:
     Runs excluded for the same reason share one line (a whole other study, such as brown_mixtures, is one line).
     """
     study, all_runs, fingerprint = ctx.study, ctx.all_runs, ctx.fingerprint
-    paper = paper_table(study)
+    if not ctx.spec.get("paper"):  # a study of no paper table has no paper rows to be named after
+        return []
+    paper = paper_table(ctx.spec["paper"])
     names = set(paper["row"])
     by_columns = {row_key(r["family"], r): label(r) for _, r in paper.iterrows()}
-    ours = (all_runs["corpus"] == PAPER_TABLES[study]) | (all_runs["study_tag"] == study)
+    ours = (all_runs["corpus"] == PAPER_TABLES[ctx.spec["paper"]]) | (all_runs["study_tag"] == study)
     same_data = all_runs[(all_runs["fingerprint"] == fingerprint) & ours]
     bases = set(same_data["base_run_id"])
     reasons: dict[str, list[pd.Series]] = {}  # why -> runs
@@ -88,16 +94,17 @@ def _excluded_line(why: str, runs: list[pd.Series]) -> str:
 
 def data_effect(ctx: Context) -> list[str]:
     """For a paper's table: the n-gram rows' gap to the paper, and how |V| alone moves them (data_effect.py)."""
-    study, table, all_runs, fingerprint, vocab = ctx.study, ctx.table, ctx.all_runs, ctx.fingerprint, ctx.vocab
+    table, all_runs, fingerprint, vocab = ctx.table, ctx.all_runs, ctx.fingerprint, ctx.vocab
     if not vocab:
         return []
     offset = ngram_offset(table)
     corpus = all_runs[all_runs["fingerprint"] == fingerprint]["corpus"].iloc[0]
     other = all_runs[(all_runs["corpus"] == corpus) & (all_runs["fingerprint"] != fingerprint)]
-    paper_vocab = PAPER_DATA[PAPER_TABLES[study]]["vocab_size"] if corpus == PAPER_TABLES[study] else None
+    paper_corpus = PAPER_TABLES.get(ctx.spec.get("paper", ""))
+    paper_vocab = PAPER_DATA[paper_corpus]["vocab_size"] if corpus == paper_corpus else None
     slopes = vocabulary_slope(table, other, int(vocab), paper_vocab)
-    if not slopes and "vocab_hint" in study_spec(study):
-        slopes = [study_spec(study)["vocab_hint"]]
+    if not slopes and "vocab_hint" in ctx.spec:
+        slopes = [ctx.spec["vocab_hint"]]
     return ([offset] if offset else []) + slopes
 
 
@@ -113,17 +120,19 @@ def other_mixtures(ctx: Context) -> list[str]:
     finished = (all_runs["fingerprint"] == fingerprint) & (all_runs["state"] == "finished")
     runs = all_runs[finished & all_runs["mix"].isin(["learned", "context"])]
     runs = runs.assign(mlp_config=runs["config"].map(_unmixed))
-    ours = table.set_index("label")
+    # the MLP a mixed row mixes: the unmixed row of the same configuration less its mixture
+    alone = trained_rows(table)
+    alone = dict(zip(alone["config"].map(_unmixed), alone.itertuples()))
     lines = []
     mixed = (table["kind"] == "mixed") & (table["mix"] == "yes") & (table["status"] == "finished")
     for row in table[mixed].itertuples():
         same = runs[(runs["row_tag"] == row.row) & (runs["mlp_config"] == _unmixed(row.config))]
         if same.empty:
             continue
-        mlp = f"MLP{int(row.row.removeprefix('MLP')) - 1}"
-        parts = [f"{row.label} ({mlp} and the trigram): 0.5 each, test {row.test_ppl:.1f}"]
-        if mlp in ours.index and ours.loc[mlp, "status"] == "finished":
-            parts[0] += f" ({mlp} alone {ours.loc[mlp, 'test_ppl']:.1f})"
+        mlp = alone.get(_unmixed(row.config))
+        parts = [f"{row.label} ({mlp.label if mlp else 'its MLP'} and the trigram): 0.5 each, test {row.test_ppl:.1f}"]
+        if mlp:
+            parts[0] += f" ({mlp.label} alone {mlp.test_ppl:.1f})"
         for mode, what in (("learned", "one weight learned on validation"), ("context", "one weight per context bin")):
             newest = newest_finished(same[same["mix"] == mode])
             if len(newest):
@@ -216,11 +225,11 @@ def _arithmetic(vocab: str, samples: set[str | None]) -> list[str]:
 
 
 def setup(ctx: Context) -> list[str]:
-    """What the study declares of how its rows were set up (studies.yaml `setup`): searches, budgets, choices."""
-    return list(study_spec(ctx.study).get("setup", []))
+    """What the study declares of how its rows were set up (its `reporting.setup`): searches, budgets, choices."""
+    return list(ctx.spec.get("setup", []))
 
 
-# The notes a study may declare (nplm_repro/reporting/studies.yaml), each with its heading
+# The notes a study may declare (its sweeps file's `reporting.notes`), each with its heading
 NOTES: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
     "setup": ("How its rows were set up", setup),
     "data_effect": ("What our data alone moves", data_effect),
@@ -235,7 +244,10 @@ NOTES: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
 
 def declared_notes(ctx: Context) -> list[tuple[str, list[str]]]:
     """The notes `ctx.study` declares, in its order: (heading, lines)."""
-    return [(NOTES[name][0], NOTES[name][1](ctx)) for name in study_spec(ctx.study)["notes"]]
+    unknown = [name for name in ctx.spec["notes"] if name not in NOTES]
+    if unknown:
+        raise NplmError(f"study {ctx.study}: unknown notes {', '.join(unknown)} (known: {', '.join(NOTES)})")
+    return [(NOTES[name][0], NOTES[name][1](ctx)) for name in ctx.spec["notes"]]
 
 
 def _duration(minutes: float) -> str:

@@ -1,6 +1,7 @@
-"""sweeps/brown_recipe.yaml's findings: the paper's own recipe (optim=paper) run to convergence beside the paper's
-numbers and our optim=fast rows (brown_table1's, in the same store), MLP5 moved from optim=paper to optim=fast one
-knob at a time (which knob moves perplexity most), and Table 1's claims re-checked on the paper-recipe rows.
+"""A recipe study's findings (`reporting.recipe` of its sweeps file; sweeps/brown_recipe.yaml's): the paper's own
+recipe (optim=paper) run to convergence beside the paper's numbers and another study's optim=fast rows in the same
+store (brown_table1's), one row moved from optim=paper to optim=fast one knob at a time (which knob moves
+perplexity most), and that study's claims re-checked on the paper-recipe rows.
 
 A run's step is read from what it computed, its optim params, never from a label: a run whose optimiser is no
 step's (e.g. a sweep widened on the command line) stays in the study's table and in no step.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,12 +20,8 @@ from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std, pct
 from nplm_repro.reporting.intervals import Evidence
+from nplm_repro.reporting.study import declaration
 from nplm_repro.tracking.runs import present
-
-TABLE1 = "brown_table1"  # where the fast rows are: Table 1 as reproduced, in the same store
-TARGET = 0.03  # the paper-recipe MLPs should be within 3% of the paper's valid and test perplexities
-TARGET_ROWS = ("MLP5", "MLP9")
-PAPER_ROWS = ("MLP5", "MLP6", "MLP9", "MLP10")  # the rows run with the paper's recipe
 
 Optim = dict[str, float | str | None]  # param -> value; None: the run has no such param (the knob is off)
 
@@ -37,25 +35,35 @@ class Step:
     optim: Optim
 
 
-_PAPER: Optim = {
-    "optim.recipe": "paper",
-    "optim.output": None,  # exact softmax: exact runs record no sampling keys
-    "optim.batch_size": 64,
-    "optim.lr": 1e-3,
-    "optim.decay_rate": 1e-8,
-    "optim.plateau_factor": None,
-}
-_BATCH = _PAPER | {"optim.batch_size": 256}
-_RATE = _BATCH | {"optim.lr": 5e-3}
-_DROP = _RATE | {"optim.plateau_factor": 0.2}
-_FAST = _DROP | {"optim.recipe": "fast", "optim.decay_rate": None}
-STEPS = (
-    Step("paper", "optim=paper: batches of 64, 1e-3 per word, eps_0 / (1 + r t), no drop", _PAPER),
-    Step("batch 256", "batches of 256 words at the same rate per word", _BATCH),
-    Step("rate x5", "5e-3 per word instead of 1e-3", _RATE),
-    Step("drop on plateau", "the rate x 0.2 after each epoch without validation progress", _DROP),
-    Step("no decay = fast", "without the paper's 1 / (1 + r t) decay: optim=fast", _FAST),
-)
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe study's declaration (`reporting.recipe` of its sweeps file): the paper table its rows sit beside,
+    the study whose optim=fast rows it sets beside them, its target rows and margin, the row it ablates and the
+    steps it ablates through, each step's optimiser the previous one's with what the step changes."""
+
+    paper: str
+    against: str
+    rows: tuple[str, ...]
+    targets: tuple[str, ...]
+    within: float
+    ablate: str
+    steps: tuple[Step, ...]
+
+    @classmethod
+    def declared(cls, spec: dict[str, Any]) -> Recipe:
+        steps, optim = [], {}
+        for step in spec["steps"]:
+            optim = optim | {f"optim.{k}": v for k, v in step["optim"].items()}
+            steps.append(Step(step["name"], step["change"], optim))
+        return cls(
+            paper=spec["paper"],
+            against=spec["against"],
+            rows=tuple(spec["rows"]),
+            targets=tuple(spec["targets"]),
+            within=float(spec["within"]),
+            ablate=spec["ablate"],
+            steps=tuple(steps),
+        )
 
 
 def _is(config: dict[str, str], optim: Optim) -> bool:
@@ -70,29 +78,34 @@ def _is(config: dict[str, str], optim: Optim) -> bool:
     return True
 
 
-def step_of(config: str) -> Step | None:
+def step_of(config: str, steps: tuple[Step, ...]) -> Step | None:
     """The step whose optimiser a configuration (its JSON) has, if any."""
     parsed = json.loads(config)
-    return next((step for step in STEPS if _is(parsed, step.optim)), None)
+    return next((step for step in steps if _is(parsed, step.optim)), None)
 
 
-def labelled(table: pd.DataFrame) -> pd.DataFrame:
+def labelled(plan: Recipe, table: pd.DataFrame) -> pd.DataFrame:
     """The study's table with each row named by its paper row and step (MLP5 paper, MLP5 rate x5), for the text and
     the figure's legend; rows of no step keep their label."""
-    steps = table["config"].map(step_of)
+    steps = table["config"].map(lambda config: step_of(config, plan.steps))
     named = [f"{row} {step.name}" if step else label for row, step, label in zip(table["row"], steps, table["label"])]
     return table.assign(label=named)
 
 
-def _rows(table: pd.DataFrame, step: Step) -> pd.DataFrame:
+def _of(plan: Recipe, table: pd.DataFrame, step: Step) -> pd.Series:
+    """Which rows of the study's table ran with this step's optimiser."""
+    return table["config"].map(lambda config: step_of(config, plan.steps)) == step
+
+
+def _rows(plan: Recipe, table: pd.DataFrame, step: Step) -> pd.DataFrame:
     """The finished rows of the study's table run with this step's optimiser, by paper row (MLP5, MLP6, ...)."""
-    finished = table[(table["status"] == "finished") & (table["config"].map(step_of) == step)]
+    finished = table[(table["status"] == "finished") & _of(plan, table, step)]
     return finished.drop_duplicates("row").set_index("row")
 
 
-def _unfinished(table: pd.DataFrame, step: Step, row: str) -> str:
+def _unfinished(plan: Recipe, table: pd.DataFrame, step: Step, row: str) -> str:
     """What a paper row of a step shows until it has a finished run: running, or not run."""
-    ours = table[(table["config"].map(step_of) == step) & (table["row"] == row)]
+    ours = table[_of(plan, table, step) & (table["row"] == row)]
     return "running" if (ours["running"] > 0).any() else "not run"
 
 
@@ -122,20 +135,20 @@ def _fast(table1: pd.DataFrame | None, row: str) -> tuple[str, str, str]:
     return cells[0], cells[1], str(fast["seeds"])
 
 
-def beside(table: pd.DataFrame, table1: pd.DataFrame | None) -> pd.DataFrame:
+def beside(plan: Recipe, table: pd.DataFrame, table1: pd.DataFrame | None) -> pd.DataFrame:
     """The paper-recipe rows: ours, the paper's and the difference per split, epochs and minutes in fit, and the
-    same row with optim=fast from brown_table1 (mean over its seeds) when this store has it."""
-    ours = _rows(table, STEPS[0])
-    paper = paper_table(TABLE1).set_index("row")
+    same row with optim=fast from study `against` (mean over its seeds) when this store has it."""
+    first = plan.steps[0]
+    ours, paper = _rows(plan, table, first), paper_table(plan.paper).set_index("row")
     records = []
-    for row in PAPER_ROWS:
+    for row in plan.rows:
         run = ours.loc[row] if row in ours.index else None
         record: dict[str, str] = {"row": row}
         for split in ("valid", "test"):
             theirs = paper.loc[row, f"paper_{split}_ppl"]
             mine = run[f"{split}_ppl"] if run is not None else np.nan
             record |= {
-                f"{split}, paper recipe": _ppl(mine) or _unfinished(table, STEPS[0], row),
+                f"{split}, paper recipe": _ppl(mine) or _unfinished(plan, table, first, row),
                 f"{split}, paper": f"{theirs:g}",
                 f"{split} diff": pct(mine / theirs - 1),
             }
@@ -148,15 +161,16 @@ def beside(table: pd.DataFrame, table1: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame.from_records(records)
 
 
-def ablation(table: pd.DataFrame) -> pd.DataFrame:
-    """MLP5 at each step, in order from optim=paper to optim=fast, each against the previous step that ran."""
+def ablation(plan: Recipe, table: pd.DataFrame) -> pd.DataFrame:
+    """The ablated row (MLP5) at each step, in order (optim=paper to optim=fast), each against the previous step
+    that ran."""
     records, before = [], None
-    for i, step in enumerate(STEPS):
-        rows = _rows(table, step)
-        run = rows.loc["MLP5"] if "MLP5" in rows.index else None
+    for i, step in enumerate(plan.steps):
+        rows = _rows(plan, table, step)
+        run = rows.loc[plan.ablate] if plan.ablate in rows.index else None
         record = {"step": f"{i}. {step.name}", "change": step.change}
         if run is None:
-            state = _unfinished(table, step, "MLP5")
+            state = _unfinished(plan, table, step, plan.ablate)
             records.append(record | {"valid": state, "test": state})
             continue
         against = before[0] if before is not None else ""
@@ -187,14 +201,16 @@ def moved_most(steps: pd.DataFrame) -> list[str]:
     return lines
 
 
-def targets(table: pd.DataFrame, history: dict[str, list[tuple[str, list[float]]]]) -> list[str]:
-    """MLP5 and MLP9 with the paper's recipe against the paper's valid and test, within TARGET or by how much they
-    miss, and how their training ended: the validation curve's best epoch and its last epochs."""
-    ours, paper = _rows(table, STEPS[0]), paper_table(TABLE1).set_index("row")
-    lines = []
-    for row in TARGET_ROWS:
+def targets(plan: Recipe, table: pd.DataFrame, history: dict[str, list[tuple[str, list[float]]]]) -> list[str]:
+    """The target rows (MLP5, MLP9) with the paper's recipe against the paper's valid and test, within the declared
+    margin or by how much they miss, and how their training ended: the validation curve's best epoch and its last
+    epochs."""
+    first = plan.steps[0]
+    ours, paper = _rows(plan, table, first), paper_table(plan.paper).set_index("row")
+    lines, within = [], plan.within
+    for row in plan.targets:
         if row not in ours.index:
-            lines.append(f"{row}, optim=paper: {_unfinished(table, STEPS[0], row)}")
+            lines.append(f"{row}, optim=paper: {_unfinished(plan, table, first, row)}")
             continue
         run = ours.loc[row]
         diffs = {s: run[f"{s}_ppl"] / paper.loc[row, f"paper_{s}_ppl"] - 1 for s in ("valid", "test")}
@@ -202,8 +218,8 @@ def targets(table: pd.DataFrame, history: dict[str, list[tuple[str, list[float]]
             f"{s} {run[f'{s}_ppl']:.1f} (paper {paper.loc[row, f'paper_{s}_ppl']:g}, {d:+.1%})"
             for s, d in diffs.items()
         )
-        missed = [f"{s} by {abs(d) - TARGET:.1%} beyond the {TARGET:.0%}" for s, d in diffs.items() if abs(d) > TARGET]
-        verdict = f"misses on {' and '.join(missed)}" if missed else f"within {TARGET:.0%} on both"
+        missed = [f"{s} by {abs(d) - within:.1%} beyond the {within:.0%}" for s, d in diffs.items() if abs(d) > within]
+        verdict = f"misses on {' and '.join(missed)}" if missed else f"within {within:.0%} on both"
         lines.append(f"{row}, optim=paper: {numbers}: {verdict}; {_ending(run, history.get(run['label'], []))}")
     return lines
 
@@ -213,23 +229,23 @@ def _ratio(rows: pd.DataFrame | pd.Series, of: str = "") -> pd.Series | float:
     return rows[f"{of}test_ppl"] / rows[f"{of}valid_ppl"]
 
 
-def test_over_valid(table: pd.DataFrame, table1: pd.DataFrame | None) -> str:
-    """Test over valid perplexity, ours and the paper's, of the paper-recipe MLPs and of brown_table1's counted rows
+def test_over_valid(plan: Recipe, table: pd.DataFrame, table1: pd.DataFrame | None) -> str:
+    """Test over valid perplexity, ours and the paper's, of the paper-recipe MLPs and of `against`'s counted rows
     (n-gram, which no training recipe changes): how our test split relates to our valid split whatever the model,
     the yardstick for a target missed on test alone."""
-    ours, paper = _rows(table, STEPS[0]), paper_table(TABLE1).set_index("row")
+    ours, paper = _rows(plan, table, plan.steps[0]), paper_table(plan.paper).set_index("row")
     mlps = [
         f"{row} {_ratio(ours.loc[row]):.3f} (paper {_ratio(paper.loc[row], 'paper_'):.3f})"
-        for row in TARGET_ROWS
+        for row in plan.targets
         if row in ours.index
     ]
     line = f"Test over valid perplexity, optim=paper: {', '.join(mlps) or 'not run'}"
     counted = None if table1 is None else table1[(table1["kind"] == "counted") & (table1["status"] == "finished")]
     if counted is None or counted.empty:
-        return f"{line}; no counted n-gram row of brown_table1 in this store to compare with"
+        return f"{line}; no counted n-gram row of {plan.against} in this store to compare with"
     mine, theirs = _ratio(counted).mean(), _ratio(counted, "paper_").mean()
     return (
-        f"{line}; brown_table1's n-gram rows, which no recipe changes: {mine:.3f} (paper {theirs:.3f}, mean of "
+        f"{line}; {plan.against}'s n-gram rows, which no recipe changes: {mine:.3f} (paper {theirs:.3f}, mean of "
         f"{len(counted)} rows): their test too sits {1 - mine / theirs:.1%} lower against valid here than in the paper"
     )
 
@@ -246,14 +262,14 @@ def _ending(run: pd.Series, seeds: list[tuple[str, list[float]]]) -> str:
     return f"{len(curve)} epochs, ended by {how} (trainer.max_epochs={limit}), best at epoch {best}; last epochs {last}"
 
 
-def claims(uri: str, claims_of: str, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
-    """The claims of study `claims_of` (Table 1's) with the MLP rows taken from the paper-recipe runs only (the
-    other MLP rows are not measured with that recipe) and the n-gram rows from brown_table1 (no recipe: they are
+def claims(plan: Recipe, uri: str, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
+    """The claims of study `against` (Table 1's) with the MLP rows taken from the paper-recipe runs only (the other
+    MLP rows are not measured with that recipe) and the n-gram rows from `against`'s (no recipe: they are
     counted)."""
-    ours = _rows(table, STEPS[0])
+    ours = _rows(plan, table, plan.steps[0])
     counted = table1[table1["kind"] == "counted"].set_index("label") if table1 is not None else pd.DataFrame()
     rows = []
-    for _, paper in paper_table(TABLE1).iterrows():
+    for _, paper in paper_table(plan.paper).iterrows():
         name = label(paper)
         row = {"label": name, "family": paper["family"], "status": "missing", "valid_ppl": np.nan, "test_ppl": np.nan}
         row["run_ids"] = ""
@@ -264,43 +280,47 @@ def claims(uri: str, claims_of: str, table: pd.DataFrame, table1: pd.DataFrame |
             row |= counted.loc[name, ["status", "valid_ppl", "test_ppl", "run_ids"]].to_dict()
         rows.append(row)
     found = pd.DataFrame.from_records(rows)
-    return check_claims(claims_of, found, Evidence.read(uri, found))
+    return check_claims(declaration(plan.against).get("claims") or [], found, Evidence.read(uri, found))
 
 
 @dataclass(frozen=True)
 class Findings:
-    """What the brown_recipe report says beyond the study's table and the claims."""
+    """What a recipe study's report says beyond its table and the claims."""
 
+    plan: Recipe
     fast_from: str
     beside: pd.DataFrame
     targets: list[str]  # the target rows, then test_over_valid
     ablation: pd.DataFrame
     moved: list[str]
-    paper_valid: dict[str, float]  # the paper's validation perplexity of TARGET_ROWS, for the curves' figure
+    paper_valid: dict[str, float]  # the paper's validation perplexity of the target rows, for the curves' figure
 
-
-CLAIMS_NOTE = (
-    "Checked on the paper-recipe rows (optim=paper: MLP5, MLP6, MLP9, MLP10; the other MLP rows are not measured "
-    "with that recipe) and on brown_table1's n-gram rows in this store, which no recipe changes."
-)
+    @property
+    def claims_note(self) -> str:
+        """What the claims were checked on."""
+        return (
+            f"Checked on the paper-recipe rows (optim=paper: {', '.join(self.plan.rows)}; the other MLP rows are not "
+            f"measured with that recipe) and on {self.plan.against}'s n-gram rows in this store, which no recipe "
+            "changes."
+        )
 
 
 def findings(
-    table: pd.DataFrame, table1: pd.DataFrame | None, history: dict[str, list[tuple[str, list[float]]]]
+    plan: Recipe, table: pd.DataFrame, table1: pd.DataFrame | None, history: dict[str, list[tuple[str, list[float]]]]
 ) -> Findings:
     """The paper-recipe rows beside the paper and optim=fast, the targets, and the ablation with its largest step."""
     if table1 is None:
         fast_from = (
-            "optim=fast rows: absent, this store has no finished brown_table1 run of this data; run "
-            "`nplm-train -m study=brown_table1 data.path=...` into it and rebuild this report."
+            f"optim=fast rows: absent, this store has no finished {plan.against} run of this data; run "
+            f"`nplm-train -m study={plan.against} data.path=...` into it and rebuild this report."
         )
     else:
         fast_from = (
-            "optim=fast rows: brown_table1's in this store (same data fingerprint, exact softmax), mean over its "
+            f"optim=fast rows: {plan.against}'s in this store (same data fingerprint, exact softmax), mean over its "
             "seeds; its n-gram rows serve the claims."
         )
-    steps = ablation(table)
-    paper = paper_table(TABLE1).set_index("row")["paper_valid_ppl"]
-    paper_valid = {row: float(paper[row]) for row in TARGET_ROWS}
-    aims = [*targets(table, history), test_over_valid(table, table1)]
-    return Findings(fast_from, beside(table, table1), aims, steps, moved_most(steps), paper_valid)
+    steps = ablation(plan, table)
+    paper = paper_table(plan.paper).set_index("row")["paper_valid_ppl"]
+    paper_valid = {row: float(paper[row]) for row in plan.targets}
+    aims = [*targets(plan, table, history), test_over_valid(plan, table, table1)]
+    return Findings(plan, fast_from, beside(plan, table, table1), aims, steps, moved_most(steps), paper_valid)

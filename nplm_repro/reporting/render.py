@@ -15,9 +15,7 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.paper import COLUMNS, PAPER_CORPORA, PAPER_DATA, PAPER_TABLES, PAPER_TITLES
-from nplm_repro.reporting.claims import study_spec
 from nplm_repro.reporting.figures import draw
-from nplm_repro.reporting.recipe import CLAIMS_NOTE
 from nplm_repro.reporting.runs import run_text, short_commit
 from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, display
 from nplm_repro.scores import KEPT_SPLITS
@@ -29,7 +27,7 @@ DIRTY_NOTE = (
 )
 
 
-# the CSV columns of the extra columns a study declares (studies.yaml `columns`)
+# the CSV columns of the extra columns a study declares (its `reporting.columns`)
 COLUMN_FIELDS = {
     "best_epoch": ("best_epoch", "best_epoch_std"),
     "test_range": ("test_ppl_min", "test_ppl_max"),
@@ -59,7 +57,7 @@ class Section:
 
 
 def _title(report: Report) -> str:
-    what = PAPER_TITLES.get(report.study, f"study {report.study}")
+    what = PAPER_TITLES.get(report.spec.get("paper", ""), f"study {report.study}")
     source = f", read from {report.source}" if report.source else ""
     return f"{report.study}: Bengio et al. (2003), {what}, our runs on corpus {report.corpus}{source}"
 
@@ -72,7 +70,7 @@ def _data_line(report: Report) -> str:
         f"Data: corpus `{report.corpus}`{source} (MLflow experiment `{report.experiment}`), "
         f"fingerprint `{report.fingerprint}`, |V| = {count['vocab_size']}, train / valid / test tokens {tokens}"
     )
-    paper_corpus = PAPER_TABLES.get(report.study, report.corpus)
+    paper_corpus = PAPER_TABLES.get(report.spec.get("paper", ""), report.corpus)
     if paper_corpus in PAPER_DATA:
         p = PAPER_DATA[paper_corpus]
         line += (
@@ -147,7 +145,7 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
         ("Reproducibility (the ML Reproducibility Checklist)", report.reproducibility),
     ]
     claims = tuple(Item(f": {c.verdict}.", lead=c.text, under=c.evidence) for c in report.claims)
-    spec = study_spec(report.study)
+    spec = report.spec
     claims_heading = spec.get("claims_heading", "The paper's claims, on our numbers")
     elsewhere = tuple(
         Item(f": not measured: needs {c['needs']}.", lead=c["claim"], under=(f"On your copy: `{c['command']}`",))
@@ -158,7 +156,7 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
     sections = [
         Section(_title(report), paragraphs=_intro(report), table=display(report)),
         *_recipe_sections(report),
-        Section(claims_heading, paragraphs=(CLAIMS_NOTE,) if report.recipe else (), items=claims),
+        Section(claims_heading, paragraphs=(report.recipe.claims_note,) if report.recipe else (), items=claims),
         Section("The paper's claims this corpus cannot test", items=elsewhere),
         *_learned_sections(report),
         *(Section(heading, items=tuple(Item(line) for line in lines)) for heading, lines in lists),
@@ -191,13 +189,14 @@ def _learned_sections(report: Report) -> list[Section]:
 
 
 def _recipe_sections(report: Report) -> list[Section]:
-    """sweeps/brown_recipe.yaml's: the paper's recipe to convergence, and the steps from optim=paper to optim=fast."""
+    """A recipe study's (sweeps/brown_recipe.yaml's): the paper's recipe to convergence, and the steps from
+    optim=paper to optim=fast."""
     found = report.recipe
     if found is None:
         return []
     why = "The validation curves (figure below) show how each run ended."
     steps = (
-        "MLP5, one knob changed per step, each step against the previous one that ran (relative change); "
+        f"{found.plan.ablate}, one knob changed per step, each step against the previous one that ran (relative change); "
         "minutes are the run's time in fit."
     )
     return [
@@ -326,7 +325,7 @@ def csv_table(report: Report) -> pd.DataFrame:
         "config_id",
         "run_ids",
         *(["dirty_runs"] if report.marked.any() else []),  # how many of run_ids came from a dirty work tree
-        *(c for column in study_spec(report.study).get("columns", []) for c in COLUMN_FIELDS[column]),
+        *(c for column in report.spec.get("columns", []) for c in COLUMN_FIELDS[column]),
     ]
     return report.table.reindex(columns=columns)
 

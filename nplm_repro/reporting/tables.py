@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -17,10 +17,11 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_SETUP, PAPER_TABLES, label, paper_table, row_key
 from nplm_repro.reporting import notes, recipe
-from nplm_repro.reporting.claims import Claim, check_claims, study_spec
+from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import history, training_speeds, varying_keys
+from nplm_repro.reporting.study import declaration
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking.best import best, best_row, seeds
 from nplm_repro.tracking.kept import artifacts, download
@@ -180,8 +181,9 @@ class Report:
     history: dict[str, list[tuple[str, list[float]]]]
     require_clean: bool = False
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
-    recipe: recipe.Findings | None = None  # a study that declares `findings: recipe` (brown_recipe)
+    recipe: recipe.Findings | None = None  # a study that declares a `recipe` (brown_recipe)
     learned: Learned | None = None  # what the best trained row's features learned (its run's features/ artifacts)
+    spec: dict[str, Any] = field(default_factory=dict)  # what the study declares for its report (reporting/study.py)
 
     @property
     def command(self) -> str:
@@ -200,22 +202,32 @@ class Report:
         return list(self.table.loc[self.table["status"] == "missing", "label"])
 
 
-def build(uri: str, experiment: str, study: str, fingerprint: str | None = None, require_clean: bool = False) -> Report:
+def build(
+    uri: str,
+    experiment: str,
+    study: str,
+    fingerprint: str | None = None,
+    require_clean: bool = False,
+    spec: dict[str, Any] | None = None,
+) -> Report:
     """Read the experiment's runs and assemble the report of `study`; NplmError when there is nothing honest to say.
 
+    `spec` is what the study declares for its report (reporting/study.py; default: its sweeps file's).
     `require_clean` leaves out the runs made from a work tree with uncommitted changes (their code is unknown or
     only in their git_diff.patch), before anything is chosen or averaged."""
+    spec = declaration(study) if spec is None else spec
+    paper = spec.get("paper")
     found = study_runs(uri, experiment, study, fingerprint, require_clean)
     all_runs, runs, other, fingerprint = found.every, found.runs, found.other, found.fingerprint
     configs = configurations(runs)
-    if study in PAPER_TABLES and not ((configs["paper_row"] >= 0) & (configs["status"] == "finished")).any():
+    if paper and not ((configs["paper_row"] >= 0) & (configs["status"] == "finished")).any():
         raise NplmError(
             f"no finished run of study {study!r} in experiment {experiment!r} has the columns of a row of the paper's "
             f"table ({(runs['state'] == 'finished').sum()} finished runs with other columns)"
         )
     corpus = runs["corpus"].iloc[0]
-    if study in PAPER_TABLES:
-        (table, attempts), extra = paper_study_table(study, configs), []
+    if paper:
+        (table, attempts), extra = paper_study_table(paper, configs), []
     else:
         (table, extra), attempts = other_study_table(corpus, configs), pd.DataFrame()
     shown = table.loc[table["status"] == "finished", "run_ids"].str.split().explode()
@@ -229,21 +241,20 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
     active = runs.sort_values(["start_time", "run_id"])
     data = {k: newest[k] for k in ("vocab_size", *(f"{s}_tokens" for s in SPLITS))}
     commits = sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""})
-    spec = study_spec(study)
-    finder = FINDERS.get(spec.get("findings", ""))
-    table = finder.rows(table) if finder else table
+    plan = recipe.Recipe.declared(spec["recipe"]) if "recipe" in spec else None
+    table = recipe.labelled(plan, table) if plan else table
     evidence = Evidence.read(uri, table)
     table = with_intervals(table, evidence)
     curves, findings = history(uri, table), None
     seeds = dict(zip(runs["run_id"], runs["seed"]))
     epochs, speeds = best_epochs(curves, seeds), training_speeds(uri, table, seeds)
     table = with_per_seed(with_per_seed(table, "best_epoch", epochs), "train_speed", speeds)
-    claims = check_claims(study, table, evidence, epochs, speeds)
-    if finder:
-        table1 = fast_table1(all_runs, fingerprint)
-        claims = finder.claims(uri, spec["claims_of"], table, table1)
-        findings = finder.findings(table, table1, curves)
-    context = notes.Context(study, table, all_runs, fingerprint, data["vocab_size"], evidence)
+    claims = check_claims(spec.get("claims") or [], table, evidence, epochs, speeds)
+    if plan:
+        table1 = fast_rows(plan, all_runs, fingerprint)
+        claims = recipe.claims(plan, uri, table, table1)
+        findings = recipe.findings(plan, table, table1, curves)
+    context = notes.Context(study, spec, table, all_runs, fingerprint, data["vocab_size"], evidence)
     return Report(
         study=study,
         experiment=experiment,
@@ -267,31 +278,20 @@ def build(uri: str, experiment: str, study: str, fingerprint: str | None = None,
         left_out=found.left_out,
         recipe=findings,
         learned=learned_features(uri, table, runs),
+        spec=spec,
     )
 
 
-@dataclass(frozen=True)
-class Finder:
-    """A study's own sections (studies.yaml `findings`): how its rows are named, its claims, its findings."""
-
-    rows: Callable[[pd.DataFrame], pd.DataFrame]
-    claims: Callable[[str, str, pd.DataFrame, pd.DataFrame | None], list[Claim]]
-    findings: Callable[..., recipe.Findings]
-
-
-FINDERS = {"recipe": Finder(recipe.labelled, recipe.claims, recipe.findings)}
-
-
-def fast_table1(all_runs: pd.DataFrame, fingerprint: str) -> pd.DataFrame | None:
-    """brown_table1 as this store reproduced it with optim=fast and the exact softmax (its other attempts left out),
-    n-gram rows included, on this data; None when it has no such finished row."""
-    runs = all_runs[(all_runs["study"] == recipe.TABLE1) & (all_runs["fingerprint"] == fingerprint)]
+def fast_rows(plan: recipe.Recipe, all_runs: pd.DataFrame, fingerprint: str) -> pd.DataFrame | None:
+    """Study `against` (Table 1) as this store reproduced it with optim=fast and the exact softmax (its other
+    attempts left out), n-gram rows included, on this data; None when it has no such finished row."""
+    runs = all_runs[(all_runs["study"] == plan.against) & (all_runs["fingerprint"] == fingerprint)]
     configs = [json.loads(c) for c in runs["config"]]
     fast = [c.get("optim.recipe", "fast") == "fast" and "optim.output" not in c for c in configs]
     runs = runs[pd.Series(fast, index=runs.index, dtype=bool)]
     if not (runs["state"] == "finished").any():
         return None
-    return paper_study_table(recipe.TABLE1, configurations(runs))[0]
+    return paper_study_table(plan.paper, configurations(runs))[0]
 
 
 DIRTY_MARK = " (+dirty)"
@@ -324,7 +324,7 @@ def display(report: Report) -> pd.DataFrame:
             frame[(split, "95% interval")] = report.table.apply(_interval, axis=1, split=split)
         frame[(split, "paper")] = paper.map(lambda v: f"{v:g}" if present(v) else "")
         frame[(split, "diff")] = diff.map(lambda v: f"{v:+.1%}" if present(v) else "")
-    columns = study_spec(report.study).get("columns", [])
+    columns = report.spec.get("columns", [])
     if "test_range" in columns:
         frame[("test", "seeds' range")] = report.table.apply(_range, axis=1, split="test")
     if "best_epoch" in columns:

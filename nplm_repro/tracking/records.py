@@ -53,6 +53,7 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as flat dotted keys (model.n, optim.lr, ...): Hydra's own keys left out, and the
     TRAINING_ONLY groups of a model that is not trained, which cannot change its numbers; credentials masked."""
     tree = without_unused(OmegaConf.to_container(cfg, resolve=True))
+    tree.pop("reporting", None)  # the study's report, declared beside its jobs: words and claims, no knob of a run
     if not trained(cfg):
         tree = {k: v for k, v in tree.items() if k not in TRAINING_ONLY}
     flat = pd.json_normalize(tree, sep=".").iloc[0].items()

@@ -158,13 +158,14 @@ class MlflowSweep(Callback):
     failure: ClassVar[Exception | None] = None  # why a sweep whose jobs all ran failed, for `ends_sweeps`
 
     def __init__(self, report_with: str | None = None) -> None:
-        # "module.function"(uri, experiment, study, out) -> (files, metrics): writes the study's report
+        # "module.function"(uri, experiment, study, out, declared) -> (files, metrics): writes the study's report
         self.report_with = report_with
         self.parent_run_id: str | None = None
         self.uri: str | None = None
         self.experiment: str | None = None
         self.study: str | None = None
         self.report: str | None = None  # the directory the study's report goes to, or None
+        self.declared: dict[str, Any] | None = None  # what the study's file declares for its report (`reporting`)
         self.launcher: str = ""
         self.register = False  # tracking.register: the study's best MLP into the Model Registry when it ends
         self.experiment_id: str | None = None
@@ -173,6 +174,8 @@ class MlflowSweep(Callback):
         self.uri, experiment = config.tracking.uri, config.tracking.experiment
         study = config.get("study")
         self.experiment, self.study, self.report = experiment, study, config.get("report")
+        if config.get("reporting") is not None:
+            self.declared = OmegaConf.to_container(config.reporting, resolve=True)
         self.launcher = config.hydra.launcher._target_
         self.register = bool(config.tracking.get("register", True))
         overrides = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=True))
@@ -236,7 +239,7 @@ class MlflowSweep(Callback):
         try:
             if status != "KILLED" and self.writes_report():
                 report = get_method(self.report_with)
-                self.keep_report(*report(self.uri, self.experiment, self.study, Path(self.report)))
+                self.keep_report(*report(self.uri, self.experiment, self.study, Path(self.report), self.declared))
             if status == "FINISHED" and self.register and self.study:
                 registering = True
                 register_best(self.uri, self.experiment, self.study)
