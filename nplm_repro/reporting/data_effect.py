@@ -14,6 +14,8 @@ import json
 import numpy as np
 import pandas as pd
 
+from nplm_repro.tracking.best import finished_rows
+
 COMPARED = ("valid", "test")  # train has no paper number for most n-gram rows
 
 
@@ -31,7 +33,7 @@ def _data_keys(config: str, reference: str) -> str:
 
 def ngram_offset(table: pd.DataFrame) -> str | None:
     """The n-gram rows' relative difference from the paper, per split: range and mean."""
-    ngrams = table[(table["kind"] == "counted") & (table["status"] == "finished")]
+    ngrams = finished_rows(table, "counted")
     parts = []
     for split in COMPARED:
         diff = ngrams[f"{split}_rel_diff"].dropna()
@@ -49,7 +51,7 @@ def vocabulary_slope(
     table: pd.DataFrame, other: pd.DataFrame, vocab_size: int, paper_vocab_size: int | None
 ) -> list[str]:
     """The table's n-gram rows against the same configurations on other data (one line per data fingerprint)."""
-    ngrams = table[(table["kind"] == "counted") & (table["status"] == "finished")]
+    ngrams = finished_rows(table, "counted")
     by_model = {_model_config(r.config): r for r in ngrams.itertuples()}
     other = other[(other["kind"] == "counted") & (other["state"] == "finished")]
     other = other.assign(model_config=other["config"].map(_model_config))

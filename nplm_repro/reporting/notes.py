@@ -20,10 +20,10 @@ from nplm_repro.reporting.runs import run_name, run_text, short_commit
 from nplm_repro.tracking.best import trained_rows
 from nplm_repro.tracking.runs import newest_finished
 
-# The knobs of sampled training: without them, a sampled run and an exact run are the same model.
-# How a run trained, not what it trained: a sampled run and an exact one differing only in these are a pair. The
-# precision is among them because sampled training computes in float32 while `auto` may pick bf16-mixed for the
-# exact run (on a CPU with bfloat16 units).
+# The note `sampled_vs_exact` as a study declares it (`reporting.sampled_vs_exact`), else by these defaults:
+# `how_trained`, the knobs of sampled training: a sampled run and an exact run differing only in these are a pair
+# (the same model, trained two ways). The precision is among them because sampled training computes in float32
+# while `auto` may pick bf16-mixed for the exact run (on a CPU with bfloat16 units).
 HOW_TRAINED = (
     "optim.output",
     "optim.samples",
@@ -144,17 +144,31 @@ def other_mixtures(ctx: Context) -> list[str]:
     return lines
 
 
-SAMPLED_MARGIN = 0.02  # "sampled training reaches the exact perplexity": the paired interval within +-2% on test
+SAMPLED_MARGIN = 0.02  # `margin`: "sampled training reaches the exact perplexity", the paired interval within +-2%
 
 
-def both_ways(table: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
+@dataclass(frozen=True)
+class Pairing:
+    """How the note pairs a sampled run with an exact one (the knobs they may differ in) and the margin of its
+    equivalence claim."""
+
+    margin: float = SAMPLED_MARGIN
+    how_trained: tuple[str, ...] = HOW_TRAINED
+
+    @classmethod
+    def declared(cls, spec: dict[str, Any]) -> Pairing:
+        own = spec.get("sampled_vs_exact") or {}
+        return cls(float(own.get("margin", SAMPLED_MARGIN)), tuple(own.get("how_trained", HOW_TRAINED)))
+
+
+def both_ways(table: pd.DataFrame, how_trained: tuple[str, ...] = HOW_TRAINED) -> list[tuple[pd.Series, pd.Series]]:
     """Each finished, unmixed MLP configuration trained both ways, as (exact, sampled): rows whose configs are the
-    same less HOW_TRAINED."""
+    same less `how_trained`."""
     trained = trained_rows(table)
     ways: dict[str, dict[str, pd.Series]] = {}
     for _, row in trained.iterrows():
         config = json.loads(row["config"])
-        model = json.dumps({k: v for k, v in config.items() if k not in HOW_TRAINED})
+        model = json.dumps({k: v for k, v in config.items() if k not in how_trained})
         ways.setdefault(model, {})[config.get("optim.output", "exact")] = row
     return [(both["exact"], both["sampled"]) for both in ways.values() if {"exact", "sampled"} <= set(both)]
 
@@ -170,9 +184,10 @@ def sampled_vs_exact(ctx: Context) -> list[str]:
     """Each trained MLP configuration run both ways: its sampled training against its exact training, on the
     exact perplexities of both, with epochs, wall time and the speed-up (exact minutes / sampled minutes), and the
     paper's claim (§5.1, from Bengio & Senecal 2003) that sampling loses nothing, as an equivalence test per pair:
-    sampled over exact test perplexity, less 1, its paired interval within +-SAMPLED_MARGIN."""
+    sampled over exact test perplexity, less 1, its paired interval within +-margin (the study's `Pairing`)."""
     lines, verdicts, samples = [], [], set()
-    for exact, sampled in both_ways(ctx.table):
+    pairing = Pairing.declared(ctx.spec)
+    for exact, sampled in both_ways(ctx.table, pairing.how_trained):
         precision = json.loads(exact["config"]).get("trainer.precision")
         how = json.loads(sampled["config"])
         speedup, cost = speed_up(exact, sampled)
@@ -185,27 +200,29 @@ def sampled_vs_exact(ctx: Context) -> list[str]:
             f"{exact['epochs']:.0f} epochs, {exact[cost]:.1f} min; sampled (k={how.get('optim.samples')}, "
             f"{how.get('optim.proposal')} proposal, {how.get('optim.estimator')}) {diffs}, "
             f"{sampled['epochs']:.0f} epochs, {sampled[cost]:.1f} min{' in fit' if cost == 'fit_minutes' else ''}: "
-            f"{speedup:.1f}x faster{_equivalence(ctx.evidence, exact, sampled, verdicts)}"
+            f"{speedup:.1f}x faster{_equivalence(ctx.evidence, exact, sampled, verdicts, pairing.margin)}"
         )
         samples.add(how.get("optim.samples"))
     if not lines:
         return []
     verdict = {HOLDS: "holds", FAILS: "fails"}.get(combine(verdicts), "inconclusive")
     claim = (
-        f"Sampled training reaches the exact perplexity (every pair's test interval within ±{SAMPLED_MARGIN:.0%}): "
+        f"Sampled training reaches the exact perplexity (every pair's test interval within ±{pairing.margin:.0%}): "
         f"{verdict}."
     )
     return [claim, *lines, *_arithmetic(ctx.vocab, samples)]
 
 
-def _equivalence(evidence: Evidence, exact: pd.Series, sampled: pd.Series, verdicts: list[str | None]) -> str:
+def _equivalence(
+    evidence: Evidence, exact: pd.Series, sampled: pd.Series, verdicts: list[str | None], margin: float
+) -> str:
     """The pair's paired test interval (sampled over exact, less 1) and verdict; appends the verdict."""
     labels = [row.get("label", row["row"]) for row in (sampled, exact)]
     difference = evidence.compare(*labels)
     if difference is None:
         verdicts.append(INCONCLUSIVE)
         return "; no interval: its runs kept no scores"
-    verdicts.append(verdict_of(difference, "equivalent", SAMPLED_MARGIN))
+    verdicts.append(verdict_of(difference, "equivalent", margin))
     return f"; test, sampled over exact, 95% interval [{difference.low:+.1%}, {difference.high:+.1%}]: {verdicts[-1]}"
 
 

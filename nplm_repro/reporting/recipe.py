@@ -21,6 +21,7 @@ from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std, pct
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.study import declaration
+from nplm_repro.tracking.best import finished_rows
 from nplm_repro.tracking.runs import present
 
 Optim = dict[str, float | str | None]  # param -> value; None: the run has no such param (the knob is off)
@@ -240,7 +241,7 @@ def test_over_valid(plan: Recipe, table: pd.DataFrame, table1: pd.DataFrame | No
         if row in ours.index
     ]
     line = f"Test over valid perplexity, optim=paper: {', '.join(mlps) or 'not run'}"
-    counted = None if table1 is None else table1[(table1["kind"] == "counted") & (table1["status"] == "finished")]
+    counted = None if table1 is None else finished_rows(table1, "counted")
     if counted is None or counted.empty:
         return f"{line}; no counted n-gram row of {plan.against} in this store to compare with"
     mine, theirs = _ratio(counted).mean(), _ratio(counted, "paper_").mean()

@@ -32,6 +32,7 @@ KNOWN = {
     "figures",
     "knobs",
     "recipe",
+    "sampled_vs_exact",
 }
 
 

@@ -33,9 +33,15 @@ def best(configs: pd.DataFrame) -> pd.Series:
     raise ValueError("no configuration")
 
 
+def finished_rows(table: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """The finished rows of one kind: `trained` (a model of their own: the rows with weights), `counted` (n-grams),
+    `mixed`."""
+    return table[(table["kind"] == kind) & (table["status"] == "finished")]
+
+
 def trained_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The finished rows that trained a model of their own (not counted, not mixed): the rows with weights."""
-    return table[(table["kind"] == "trained") & (table["status"] == "finished")]
+    return finished_rows(table, "trained")
 
 
 def shown(study: str, configs: pd.DataFrame) -> pd.DataFrame:
