@@ -53,17 +53,18 @@ from torch import nn
 
 from nplm_repro.baselines.mixture import TrigramMixture
 from nplm_repro.baselines.ngram import DeletedInterpolation, perplexity_of, split_windows
-from nplm_repro.checks import check_config
-from nplm_repro.cli import cli, errors_exit
+from nplm_repro.cli import cli
 from nplm_repro.clock import Clock
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.windows import loader
 from nplm_repro.errors import NplmError
+from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.precision import PRECISIONS, resolve
 from nplm_repro.models.training import build_module, token_probs
+from nplm_repro.tracking.config_checks import check_config
 
 log = logging.getLogger(__name__)
 

@@ -106,7 +106,7 @@ class LanguageModule(L.LightningModule):
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
-        """The values of the keys this family reads that make sense (checks.check_config applies them)."""
+        """The values of the keys this family reads that make sense (config_checks.check_config applies them)."""
         rules = dict(TRAINING)
         if cfg.optim.get("output") == "sampled":
             rules |= SAMPLED
