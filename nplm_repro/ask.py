@@ -16,9 +16,10 @@ import argparse
 import logging
 import math
 
-from nplm_repro.cli import TRACEBACK, cli, store_arguments
+from nplm_repro.cli import cli, store_arguments
 from nplm_repro.data.corpus import END_OF_TEXT, UNK
 from nplm_repro.errors import NplmError
+from nplm_repro.exits import TRACEBACK
 from nplm_repro.models.use import continue_ids, nearest
 from nplm_repro.tracking import features as tracked
 from nplm_repro.tracking.best import row_run

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nplm_repro.cli import TRACEBACK, cli, store_arguments
+from nplm_repro.cli import cli, store_arguments
 from nplm_repro.errors import NplmError
+from nplm_repro.exits import TRACEBACK
 from nplm_repro.paper import PAPER_TABLES
 from nplm_repro.paths import check_report_dir
 from nplm_repro.reporting.claims import headline

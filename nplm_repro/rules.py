@@ -1,6 +1,6 @@
-"""Rules for config values, (ok, expected) pairs: `checks.check_config` applies the common ones and asks each model
-family for its own (`rules` on the class `model._target_` names), so a family's knobs are checked where they are
-defined. A leaf: every layer may use it."""
+"""Rules for config values, (ok, expected) pairs: `config_checks.check_config` applies the common ones and asks each
+model family for its own (`rules` on the class `model._target_` names), so a family's knobs are checked where they
+are defined. A leaf: every layer may use it."""
 
 from __future__ import annotations
 

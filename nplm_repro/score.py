@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from nplm_repro.cli import TRACEBACK, cli, store_arguments
+from nplm_repro.cli import cli, store_arguments
 from nplm_repro.data.corpus import UNK
 from nplm_repro.errors import NplmError
+from nplm_repro.exits import TRACEBACK
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking.best import row_run
 from nplm_repro.tracking.kept import kept_scores, log_scores

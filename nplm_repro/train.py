@@ -16,8 +16,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from nplm_repro.checks import check_job
-from nplm_repro.cli import cli, errors_exit, quiet
+from nplm_repro.cli import cli, quiet
 from nplm_repro.errors import sigterm_interrupts
+from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.tracking.ledger import run
 from nplm_repro.tracking.sweep import ends_sweeps

@@ -16,11 +16,11 @@ from hydra.utils import instantiate
 from nplm_repro.baselines.class_ngram import ClassBackoff
 from nplm_repro.baselines.ngram import KneserNey, split_windows
 from nplm_repro.cache import CACHE_ENV, cache_root
-from nplm_repro.checks import check_config
 from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.clustering import ClassBigrams, cache_path, cluster_words, exchange_clustering
 from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking.config_checks import check_config
 
 C = 30  # classes on the small slice
 

@@ -8,8 +8,9 @@ import pytest
 from helpers import composed, console_script
 from omegaconf import OmegaConf
 
-from nplm_repro.checks import check_config, check_resolves
+from nplm_repro.checks import check_resolves
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking.config_checks import check_config
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import mlflow
 import pytest
 from helpers import composed, composed_study, run_script
 
-from nplm_repro.checks import FAST_DEV_RUN, check_config
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking.config_checks import FAST_DEV_RUN, check_config
 
 
 @pytest.mark.parametrize("value", ["true", "1", "5"])

@@ -5,10 +5,11 @@
   (pip, mlflow, curl, ...), are skipped.
 - `nplm-train`: its overrides are composed in process with Hydra's compose API on the installed configs, as the
   command composes them, and each composed job passes the checks a job runs on its values before any work
-  (nplm_repro.checks: every value resolves, every value makes sense). A sweep is composed with the first value of
-  every swept key, then once more per other value of each key the command line sweeps; a study's (or a search's)
-  own swept values are taken at their first value (nplm-train itself composes every job of a sweep before it runs
-  one: tracking/sweep.py, compose_jobs). Files the user brings (`data.path=...`) are never read.
+  (checks.check_resolves: every value resolves; config_checks.check_config: every value makes sense). A sweep is
+  composed with the first value of every swept key, then once more per other value of each key the command line
+  sweeps; a study's (or a search's) own swept values are taken at their first value (nplm-train itself composes
+  every job of a sweep before it runs one: tracking/sweep.py, compose_jobs). Files the user brings (`data.path=...`)
+  are never read.
 - `nplm-bench`: conf/bench.yaml composed the same way.
 - The other commands (argparse's): their arguments parse, in process, and `<command> --help` exits 0.
 - A line that ends with the comment `# fails: <why>` documents a mistake: it must be refused.
@@ -43,7 +44,8 @@ from hydra.core.override_parser.types import IntervalSweep, Override
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nplm_repro.checks import check_config, check_resolves
+from nplm_repro.checks import check_resolves
+from nplm_repro.tracking.config_checks import check_config
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "reports" / "README.md"]
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
@@ -263,7 +265,7 @@ class Composer:
 
     def check(self, config: str, job: list[str]) -> str | None:
         """Why this job would be refused before any work: it does not compose, a value does not resolve, or a value
-        makes no sense (nplm_repro.checks); None when it would start."""
+        makes no sense (check_resolves, check_config); None when it would start."""
         cfg = self.compose(config, job)
         if isinstance(cfg, str):
             return cfg

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import TINY_BROWN, composed, data_slice
 
-from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
+from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.kept import kept_scores
 from nplm_repro.tracking.scoring import RunScorer
 

@@ -28,7 +28,8 @@ from test_report import log_run, recipe_job
 from nplm_repro.paper import COLUMNS
 from nplm_repro.reporting import figures as drawn
 from nplm_repro.reporting.claims import check_claims
-from nplm_repro.reporting.figures import LIMIT, fit_labels, sampled_pairs
+from nplm_repro.reporting.drawing import LEGEND, LIMIT, fit_labels, save
+from nplm_repro.reporting.headlines import recipe_figure, sampled_figure, sampled_pairs
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import Learned, Report, best_epochs, build, with_intervals
 
@@ -124,7 +125,7 @@ def test_the_checker_catches_what_breaks_the_rules() -> None:
     assert len(shifted) == 1 and "overlaps text 'MLP9'" in shifted[0]
     assert broken_rules(_text_figure(legend_at="upper left")) == ["legend 'data'... sits on the data area of axes 1"]
     beside = _text_figure()
-    beside.axes[0].legend(**drawn.LEGEND)
+    beside.axes[0].legend(**LEGEND)
     assert broken_rules(beside) == []
     beside.axes[0].text(1.05, 0.98, "note", transform=beside.axes[0].transAxes, va="top")  # where the legend is
     over = broken_rules(beside)
@@ -282,18 +283,18 @@ def test_brown_sampled_draws_each_pairs_cost_and_speed_up(reports: dict[str, Rep
         assert pair.estimate == pytest.approx(sampled / exact - 1, abs=1e-9)
         assert pair.low < pair.estimate < pair.high and pair.verdict == "holds"
         assert pair.speedup == pytest.approx(6.0) and pair.in_fit
-    cost, speed = drawn.sampled_figure(reports["brown_sampled"]).axes
+    cost, speed = sampled_figure(reports["brown_sampled"]).axes
     assert [t.get_text() for t in cost.get_yticklabels()] == ["MLP5", "MLP9"]
     assert [t.get_text() for t in speed.texts] == ["6.0x", "6.0x"]
     assert [t.get_text() for t in speed.get_legend().get_texts()] == ["within ±2%: holds"]
     unscored = sampled_pairs(reports["brown_sampled, no scores"])
     assert [(p.low, p.verdict) for p in unscored] == [(None, None)] * 2  # a hollow point, said in the legend
-    _, speed = drawn.sampled_figure(reports["brown_sampled, no scores"]).axes
+    _, speed = sampled_figure(reports["brown_sampled, no scores"]).axes
     assert [t.get_text() for t in speed.get_legend().get_texts()] == ["no interval (no kept scores)"]
 
 
 def test_brown_recipe_draws_its_steps_as_a_waterfall(reports: dict[str, Report]) -> None:
-    (ax,) = drawn.recipe_figure(reports["brown_recipe"]).axes
+    (ax,) = recipe_figure(reports["brown_recipe"]).axes
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks == ["0. paper", "1. batch 256", "2. rate x5", "3. drop on plateau\n(not run)", "4. no decay = fast"]
     bars = [(round(p.get_y(), 1), round(p.get_y() + p.get_height(), 1)) for p in ax.patches]
@@ -327,8 +328,8 @@ def test_a_report_writes_each_figure_as_png_and_svg_and_its_html_holds_them(
     assert page.count("src='data:image/svg+xml;base64,") == len(pngs) - 1
     assert page.count("src='data:image/png;base64,") == 1
     assert not re.search(r"src='[^d]", page)  # no link to a file beside it
-    drawn.save(drawn.rows_figure(report), tmp_path / "once.png")  # the same figure, the same bytes
-    drawn.save(drawn.rows_figure(report), tmp_path / "twice.png")
+    save(drawn.rows_figure(report), tmp_path / "once.png")  # the same figure, the same bytes
+    save(drawn.rows_figure(report), tmp_path / "twice.png")
     assert (tmp_path / "once.svg").read_bytes() == (tmp_path / "twice.svg").read_bytes()
 
 

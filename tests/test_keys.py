@@ -1,6 +1,7 @@
 """Run identity does not depend on where code lives, and the package's imports point one way."""
 
 import ast
+import re
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ from helpers import ROOT, composed
 from nplm_repro.tracking.keys import config_key, model_key
 
 PACKAGE = ROOT / "nplm_repro"
+SUBPACKAGES = ("paper", "data", "models", "baselines", "tracking", "reporting")
 
 
 def test_todays_keys_are_those_of_stored_runs() -> None:
@@ -86,19 +88,55 @@ def test_the_import_graph_has_no_circle() -> None:
         visit(module, ())
 
 
+def layer_of(module: str) -> str:
+    """Where a module sits: its subpackage (`data` for nplm_repro.data.text), else its own name (`cli`, `errors`)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def commands() -> set[str]:
+    """The command modules, on top of every layer: each console script's ([project.scripts], read as text: tomllib
+    is Python 3.11's), and cli.py and checks.py, which wrap a command and check its job before it runs."""
+    scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
+    return set(re.findall(r'^[\w-]+ = "nplm_repro\.(\w+):\w+"$', scripts, re.MULTILINE)) | {"cli", "checks"}
+
+
 def test_dependencies_point_one_way() -> None:
-    """data <- models/baselines <- tracking; reporting reads runs and paper facts, never models or training."""
+    """data <- models/baselines <- tracking; reporting reads runs and paper facts, never models."""
     rank = {"paper": 0, "data": 1, "models": 2, "baselines": 3, "tracking": 4}
     for module, imported in imports().items():
-        layer = module.split(".")[1] if "." in module else ""
+        layer = layer_of(module)
         for other in imported:
-            theirs = other.split(".")[1]
+            theirs = layer_of(other)
             if layer in rank and theirs in rank:
                 assert rank[theirs] <= rank[layer], f"{module} imports {other}"
             if layer == "reporting":
-                assert theirs not in ("models", "baselines", "train", "bench"), f"{module} imports {other}"
+                assert theirs not in ("models", "baselines"), f"{module} imports {other}"
             if layer == "baselines":  # a mixture is arithmetic on kept scores: it never runs a model
                 assert theirs != "models", f"{module} imports {other}"
+
+
+def test_no_layer_imports_a_command() -> None:
+    """The commands (nplm-train's train.py, ..., cli.py, checks.py) sit on top: no subpackage and no leaf imports one,
+    so no layer reaches back up into the code that runs it (a sweep reaches nplm-report's writer through
+    conf/config.yaml's `report_with`, a name, not an import)."""
+    top = commands()
+    assert {"train", "report", "bench", "score", "ask"} <= top  # pyproject.toml read: a reading of none checks none
+    for module, imported in imports().items():
+        if layer_of(module) not in top:
+            for other in imported:
+                assert layer_of(other) not in top, f"{module} imports the command module {other}"
+
+
+def test_leaves_import_only_leaves() -> None:
+    """The top-level modules that are no command (errors.py, exits.py, paths.py, rules.py, scores.py, ...) are leaves
+    every layer may import: they import no subpackage and no command, only one another."""
+    top = commands()
+    for module, imported in imports().items():
+        if layer_of(module) not in (*SUBPACKAGES, *top, ""):
+            for other in imported:
+                theirs = layer_of(other)
+                assert theirs not in SUBPACKAGES and theirs not in top, f"the leaf {module} imports {other}"
 
 
 def test_reading_a_report_loads_no_torch_and_no_lightning() -> None:

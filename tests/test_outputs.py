@@ -15,7 +15,6 @@ import torch
 from helpers import SLICE, check_loaded_model, composed
 from torch.nn import functional as F
 
-from nplm_repro.checks import check_config
 from nplm_repro.data.clustering import frequency_bins, output_classes
 from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError
@@ -26,6 +25,7 @@ from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.sampled_loss import Proposal, sampled_cross_entropy
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.tracking import ledger
+from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key
 from nplm_repro.tracking.scoring import RunScorer
 

@@ -835,7 +835,8 @@ def test_the_claims_forest_plot_has_one_line_per_measured_pair_under_its_claim(t
     claims draw them, short labels (the key=value words every label shares left out), nothing when none measured."""
     from matplotlib import image
 
-    from nplm_repro.reporting.figures import claims_forest, short_labels
+    from nplm_repro.reporting.drawing import short_labels
+    from nplm_repro.reporting.figures import claims_forest
 
     table = paper_as_ours()
     claims = check_claims(declaration("brown_table1")["claims"], table, evidence_of(table))

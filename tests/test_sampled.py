@@ -9,10 +9,10 @@ import torch
 from helpers import composed, data_slice, run_script
 from torch.nn import functional as F
 
-from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
 from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.sampled_loss import Proposal, SparseSGD, layer_outputs, sampled_cross_entropy
+from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key, model_key
 
 

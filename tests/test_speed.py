@@ -12,7 +12,7 @@ import torch
 from helpers import SLICE, data_slice, run_script
 from torch.nn import functional as F
 
-from nplm_repro.bench import Clock
+from nplm_repro.clock import Clock
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.windows import loader
 from nplm_repro.memory import keep_freed_memory

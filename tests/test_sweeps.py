@@ -21,10 +21,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from nplm_repro.checks import check_config
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import paper_table
 from nplm_repro.reporting.tables import build
+from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.locks import mlp_lock
 from nplm_repro.tracking.sweep import sweep_key, swept
 

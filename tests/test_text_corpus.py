@@ -9,11 +9,11 @@ import mlflow
 import pytest
 from helpers import composed, run_script
 
-from nplm_repro.checks import check_config
 from nplm_repro.data.brown import read_brown
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK
 from nplm_repro.data.text import AP_SPLIT, PROPER, TextCorpus, number_symbol, prepare_text, tokenize
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking.config_checks import check_config
 
 AP = {"numbers": True, "proper_nouns": True, "lowercase": True, "drop_lines": [".START"]}
 SPLIT = {"train": 40, "valid": 5}  # test: the rest

@@ -117,7 +117,7 @@ class NgramModel:
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
-        """The values of its keys that make sense (checks.check_config applies them)."""
+        """The values of its keys that make sense (config_checks.check_config applies them)."""
         return {"model.n": at_least(2)}
 
     @classmethod

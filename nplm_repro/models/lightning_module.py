@@ -8,7 +8,7 @@ Both recipes are SGD with weight decay, the learning rate `optim.lr` counted per
   Under DDP with W processes of B words each, one step averages W x B words, and B counts them all.
 - `fast`: 5 times the paper's rate on batches of 256, multiplied by `plateau_factor` after each epoch that
   does not improve validation perplexity (early stopping ends training two such epochs later).
-The decay and the drop are knobs either recipe can take (`schedules`), for going from one recipe to the other.
+The decay and the drop are knobs either recipe can take (schedules.py), for going from one recipe to the other.
 Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
 
 Perplexity is exp(mean negative log-likelihood) over every token of a split, from the exact softmax of
@@ -31,7 +31,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks import TQDMProgressBar
 from torch.nn import functional as F
 
 from nplm_repro.data.clustering import OUTPUT_METHODS, output_classes
@@ -54,6 +54,7 @@ from nplm_repro.models.sampled_loss import (
     layer_outputs,
     sampled_cross_entropy,
 )
+from nplm_repro.models.schedules import schedules
 from nplm_repro.rules import MIX_MODES, Rule, at_least, flag, number, one_of, optional
 
 _limit: Rule = (lambda v: type(v) is int and (v == -1 or v >= 1), "an integer >= 1, or -1 for no limit")
@@ -105,7 +106,7 @@ class LanguageModule(L.LightningModule):
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
-        """The values of the keys this family reads that make sense (checks.check_config applies them)."""
+        """The values of the keys this family reads that make sense (config_checks.check_config applies them)."""
         rules = dict(TRAINING)
         if cfg.optim.get("output") == "sampled":
             rules |= SAMPLED
@@ -403,32 +404,6 @@ class NPLMModule(LanguageModule):
         return [optimizer], schedules(optimizer, o.get("decay_rate"), o.get("plateau_factor"), batch)
 
 
-def schedules(
-    optimizer: torch.optim.Optimizer, decay_rate: float | None, plateau_factor: float | None, batch: int
-) -> list[dict[str, Any]]:
-    """The recipes' two learning-rate knobs, each on when its key is set: the paper's eps_0 / (1 + r t) (`decay_rate`
-    r, t counting training words; optim=paper) and the drop by `plateau_factor` after an epoch without validation
-    progress (optim=fast). A recipe may take the other's knob (`+optim.plateau_factor=0.2` on paper, `+optim.decay_rate`
-    on fast; `optim.plateau_factor=null` drops nothing): sweeps/brown_recipe.yaml moves from one recipe to the other
-    one knob at a time. Each recipe alone keeps its scheduler, so its runs step exactly as before the knobs composed.
-    """
-
-    def decay(step: int) -> float:
-        return 1.0 / (1.0 + decay_rate * step * batch)
-
-    found = []
-    if decay_rate is not None:
-        if plateau_factor is None:
-            found.append({"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, decay), "interval": "step"})
-        else:  # the decay as a factor per step on the current rate, so that the drops, which scale it, stay in it
-            steps = torch.optim.lr_scheduler.MultiplicativeLR(optimizer, lambda step: decay(step) / decay(step - 1))
-            found.append({"scheduler": steps, "interval": "step"})
-    if plateau_factor is not None:
-        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=plateau_factor, patience=0)
-        found.append({"scheduler": plateau, "monitor": "valid_ppl_epoch"})
-    return found
-
-
 class ProgressBar(TQDMProgressBar):
     """Lightning's bar with readable numbers: tokens/s as an integer, perplexity with one decimal."""
 
@@ -439,40 +414,3 @@ class ProgressBar(TQDMProgressBar):
         if trainer.training and isinstance(pl_module, LanguageModule):
             items["tok/s"] = f"{pl_module.tokens_per_s():,.0f}"
         return items
-
-
-class KeptScores(Callback):
-    """Every token's ln P from `Trainer.test`, one float32 array per kept dataloader, filled as batches come.
-
-    The scores are the very terms the logged perplexities sum (float32 from the exact softmax), so
-    exp(-mean(scores)) gives the logged perplexity. Preallocated: kept as a list of small per-batch tensors,
-    they would sit between the |V|-wide blocks of the next batches, fragment the heap and fault its pages in anew.
-    """
-
-    def __init__(self) -> None:
-        self.scores: dict[int, torch.Tensor] = {}
-        self._filled: dict[int, int] = {}
-
-    def expect(self, sizes: dict[int, int]) -> None:
-        """Keep dataloader i's scores in an array of sizes[i] tokens (the others are scored, not kept)."""
-        self.scores = {i: torch.empty(size, dtype=torch.float32) for i, size in sizes.items()}
-        self._filled = dict.fromkeys(sizes, 0)
-
-    def on_test_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if dataloader_idx in self.scores:
-            at = self._filled[dataloader_idx]
-            self.scores[dataloader_idx][at : at + len(outputs)] = -outputs.float().cpu()
-            self._filled[dataloader_idx] = at + len(outputs)
-
-    def kept(self, index: int) -> torch.Tensor:
-        if self._filled[index] != len(self.scores[index]):
-            raise RuntimeError(f"dataloader {index}: {self._filled[index]} of {len(self.scores[index])} tokens scored")
-        return self.scores[index]

@@ -26,8 +26,9 @@ from torch.nn import functional as F
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
-from nplm_repro.models.lightning_module import LanguageModule, schedules
+from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.sampled_loss import Proposal, layer_outputs, sampled_cross_entropy
+from nplm_repro.models.schedules import schedules
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 RECIPES = ("sgd", "adamw")

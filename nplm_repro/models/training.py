@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.loggers import Logger
@@ -17,7 +18,7 @@ from omegaconf import DictConfig
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
-from nplm_repro.models.lightning_module import KeptScores, LanguageModule
+from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.progress import report_status
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
@@ -43,6 +44,43 @@ class EpochStatus(Callback):
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         report_status(state="scoring")
+
+
+class KeptScores(Callback):
+    """Every token's ln P from `Trainer.test`, one float32 array per kept dataloader, filled as batches come.
+
+    The scores are the very terms the logged perplexities sum (float32 from the exact softmax), so
+    exp(-mean(scores)) gives the logged perplexity. Preallocated: kept as a list of small per-batch tensors,
+    they would sit between the |V|-wide blocks of the next batches, fragment the heap and fault its pages in anew.
+    """
+
+    def __init__(self) -> None:
+        self.scores: dict[int, torch.Tensor] = {}
+        self._filled: dict[int, int] = {}
+
+    def expect(self, sizes: dict[int, int]) -> None:
+        """Keep dataloader i's scores in an array of sizes[i] tokens (the others are scored, not kept)."""
+        self.scores = {i: torch.empty(size, dtype=torch.float32) for i, size in sizes.items()}
+        self._filled = dict.fromkeys(sizes, 0)
+
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if dataloader_idx in self.scores:
+            at = self._filled[dataloader_idx]
+            self.scores[dataloader_idx][at : at + len(outputs)] = -outputs.float().cpu()
+            self._filled[dataloader_idx] = at + len(outputs)
+
+    def kept(self, index: int) -> torch.Tensor:
+        if self._filled[index] != len(self.scores[index]):
+            raise RuntimeError(f"dataloader {index}: {self._filled[index]} of {len(self.scores[index])} tokens scored")
+        return self.scores[index]
 
 
 def fit_callbacks(cfg: DictConfig) -> list[Callback]:

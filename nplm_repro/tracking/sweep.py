@@ -17,14 +17,15 @@ with its report listing the failed rows, after a failed job; KILLED after Ctrl-C
 runs of joblib's workers, which joblib kills outright (each once its config_lock shows the worker gone), the runs
 it resumed from earlier sweeps included (tag `resumed_in`).
 
-The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`,
-what `nplm-report` writes), looked up when the sweep ends: tracking does not import the reporting code. It returns
-the files it wrote and the study's headline numbers, which the parent run keeps as artifacts (`report/`) and
-metrics. Then, as `nplm-report --register` does after its report, a sweep whose jobs all ran registers its study's
-best trained model (tracking/registry.py) unless `tracking.register=false`; a run without weights is passed over
-there, never a failure. A report that cannot be written, or a registration that fails, fails a sweep whose jobs
-all ran: Hydra turns a callback's error into a warning and exits 0, so the parent run ends FAILED with the tag
-`error`, and `ends_sweeps` raises the error once Hydra returns.
+The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`, what
+`nplm-report` writes), looked up when the sweep ends: the config wires the command's writer in, so tracking imports
+neither the reporting code nor a command (tests/test_keys.py). It returns the files it wrote and the study's
+headline numbers, which the parent run keeps as artifacts (`report/`) and metrics. Then, as `nplm-report --register`
+does after its report, a sweep whose jobs all ran registers its study's best trained model (tracking/registry.py)
+unless `tracking.register=false`; a run without weights is passed over there, never a failure. A report that cannot
+be written, or a registration that fails, fails a sweep whose jobs all ran: Hydra turns a callback's error into a
+warning and exits 0, so the parent run ends FAILED with the tag `error`, and `ends_sweeps` raises the error once
+Hydra returns.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from nplm_repro.checks import check_config, check_corpus
-from nplm_repro.cli import errors_exit
 from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrupts
+from nplm_repro.exits import errors_exit
 from nplm_repro.paths import check_report_dir
 from nplm_repro.progress import close_displays
+from nplm_repro.tracking.config_checks import check_config, check_corpus
 from nplm_repro.tracking.ledger import end_orphans, search
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN

@@ -1,0 +1,36 @@
+"""The learning-rate schedules of the training recipes, apart from any one family: eq. (1)'s recipes (the paper's
+decay per training word, the fast recipe's drop on a plateau; lightning_module.py's doc) and the LSTM's drop on a
+plateau (sequence.py) build their schedulers here, so that one knob reads the same in every family.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def schedules(
+    optimizer: torch.optim.Optimizer, decay_rate: float | None, plateau_factor: float | None, batch: int
+) -> list[dict[str, Any]]:
+    """The recipes' two learning-rate knobs, each on when its key is set: the paper's eps_0 / (1 + r t) (`decay_rate`
+    r, t counting training words; optim=paper) and the drop by `plateau_factor` after an epoch without validation
+    progress (optim=fast). A recipe may take the other's knob (`+optim.plateau_factor=0.2` on paper, `+optim.decay_rate`
+    on fast; `optim.plateau_factor=null` drops nothing): sweeps/brown_recipe.yaml moves from one recipe to the other
+    one knob at a time. Each recipe alone keeps its scheduler, so its runs step exactly as before the knobs composed.
+    """
+
+    def decay(step: int) -> float:
+        return 1.0 / (1.0 + decay_rate * step * batch)
+
+    found = []
+    if decay_rate is not None:
+        if plateau_factor is None:
+            found.append({"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, decay), "interval": "step"})
+        else:  # the decay as a factor per step on the current rate, so that the drops, which scale it, stay in it
+            steps = torch.optim.lr_scheduler.MultiplicativeLR(optimizer, lambda step: decay(step) / decay(step - 1))
+            found.append({"scheduler": steps, "interval": "step"})
+    if plateau_factor is not None:
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=plateau_factor, patience=0)
+        found.append({"scheduler": plateau, "monitor": "valid_ppl_epoch"})
+    return found
