@@ -826,6 +826,13 @@ def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16() 
             Context("brown_sampled", declaration("brown_sampled"), runs, pd.DataFrame(), "", "17907", evidence)
         )
         assert claim.endswith(f": {verdict}.") and line.endswith(f"]: {verdict}"), line
+    # a study declares its own margin and what may differ in a pair: 260 against 240 is within +-10%
+    evidence = evidence_of(runs.assign(test_ppl=[240.0, 260.0]), noise=0.0)
+    wide = {"notes": ["sampled_vs_exact"], "sampled_vs_exact": {"margin": 0.10}}
+    claim, line, _ = sampled_vs_exact(Context("mine", wide, runs, pd.DataFrame(), "", "17907", evidence))
+    assert claim.endswith("(every pair's test interval within ±10%): holds.") and line.endswith("]: holds"), line
+    narrow = {"notes": ["sampled_vs_exact"], "sampled_vs_exact": {"how_trained": ["optim.output"]}}
+    assert sampled_vs_exact(Context("mine", narrow, runs, pd.DataFrame(), "", "17907", evidence)) == []
     runs.loc[1, "config"] = json.dumps(sampled | {"model.h": "50"})  # another model: no pair
     assert sampled_vs_exact(Context("brown_sampled", declaration("brown_sampled"), runs, pd.DataFrame(), "", "")) == []
 
