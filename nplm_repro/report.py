@@ -25,8 +25,8 @@ from nplm_repro.paper import PAPER_TABLES
 from nplm_repro.paths import check_report_dir
 from nplm_repro.reporting.claims import headline
 from nplm_repro.reporting.render import write
-from nplm_repro.reporting.study import checked, declaration, study_file
 from nplm_repro.reporting.tables import build
+from nplm_repro.studies import checked, declaration, study_file
 
 log = logging.getLogger(__name__)
 

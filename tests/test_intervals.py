@@ -8,7 +8,7 @@ import pytest
 from nplm_repro.paper import FAMILY_NAMES, label, paper_table
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, verdict_of
 from nplm_repro.reporting.intervals import Bootstrap, Difference, Evidence, TextSums, interval
-from nplm_repro.reporting.study import declaration
+from nplm_repro.studies import declaration
 
 
 def corpus_of_texts(rng: np.random.Generator, texts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

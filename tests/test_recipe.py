@@ -17,7 +17,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.schedules import schedules
 from nplm_repro.reporting.recipe import Recipe, step_of
-from nplm_repro.reporting.study import declaration
+from nplm_repro.studies import declaration
 from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.records import flat_params

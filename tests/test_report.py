@@ -27,8 +27,8 @@ from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exact
 from nplm_repro.reporting.render import write
-from nplm_repro.reporting.study import declaration
 from nplm_repro.reporting.tables import Report, build
+from nplm_repro.studies import declaration
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.records import flat_params
 

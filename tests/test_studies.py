@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.cli import study_form
 from nplm_repro.errors import NplmError
-from nplm_repro.reporting.study import KNOWN, declaration, study_file
+from nplm_repro.studies import KNOWN, declaration, study_file
 from nplm_repro.tracking.keys import config_key, model_key
 
 STUDIES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))

@@ -20,7 +20,7 @@ from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std, pct
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.study import declaration
+from nplm_repro.studies import declaration
 from nplm_repro.tracking.best import finished_rows
 from nplm_repro.tracking.runs import present
 

@@ -21,8 +21,8 @@ from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import history, training_speeds, varying_keys
-from nplm_repro.reporting.study import declaration
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.studies import declaration
 from nplm_repro.tracking.best import best, best_row, seeds
 from nplm_repro.tracking.kept import artifacts, download
 from nplm_repro.tracking.runs import configurations, present, study_runs
@@ -183,7 +183,7 @@ class Report:
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
     recipe: recipe.Findings | None = None  # a study that declares a `recipe` (brown_recipe)
     learned: Learned | None = None  # what the best trained row's features learned (its run's features/ artifacts)
-    spec: dict[str, Any] = field(default_factory=dict)  # what the study declares for its report (reporting/study.py)
+    spec: dict[str, Any] = field(default_factory=dict)  # what the study declares for its report (studies.py)
 
     @property
     def command(self) -> str:
@@ -212,7 +212,7 @@ def build(
 ) -> Report:
     """Read the experiment's runs and assemble the report of `study`; NplmError when there is nothing honest to say.
 
-    `spec` is what the study declares for its report (reporting/study.py; default: its sweeps file's).
+    `spec` is what the study declares for its report (studies.py; default: its sweeps file's).
     `require_clean` leaves out the runs made from a work tree with uncommitted changes (their code is unknown or
     only in their git_diff.patch), before anything is chosen or averaged."""
     spec = declaration(study) if spec is None else spec

@@ -15,7 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from nplm_repro.errors import NplmError
-from nplm_repro.paper import PAPER_TABLES, ROW_NAMES
+from nplm_repro.paper import ROW_NAMES
+from nplm_repro.studies import declaration
 from nplm_repro.tracking.runs import configurations, study_runs
 
 # How configurations are ranked: the lowest mean validation perplexity first, the newest first on a tie
@@ -45,9 +46,10 @@ def trained_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def shown(study: str, configs: pd.DataFrame) -> pd.DataFrame:
-    """The configurations a study's report shows as rows or their attempts: in a paper's table those that fill one
-    of its rows (a run with other columns is only listed under the table, as left out); in any other study all."""
-    return configs[configs["paper_row"] >= 0] if study in PAPER_TABLES else configs
+    """The configurations a study's report shows as rows or their attempts: in a study that declares a paper table
+    (`reporting.paper`) those that fill one of its rows (a run with other columns is only listed under the table, as
+    left out); in any other study all."""
+    return configs[configs["paper_row"] >= 0] if declaration(study).get("paper") else configs
 
 
 def best_rows(rows: pd.DataFrame) -> pd.DataFrame:

@@ -31,7 +31,7 @@ BOOKKEEPING = (
     "tracking",
     "rerun",
     "report",
-    "reporting",  # what the study's report says (reporting/study.py): rewording a claim makes no run new
+    "reporting",  # what the study's report says (studies.py): rewording a claim makes no run new
     "note",
     "threads",
     "row",
