@@ -22,6 +22,10 @@ process in the same dtype on the same device, so the two compare in one run.
 - sampled: the same with `optim=sampled` (or the command's own optim when it is sampled; the command's
   `model.output=energy` gives the energy network's line), float32, and its
   speed-up over each `train` line (`x_32-true`, ...);
+- profile: `PROFILED_STEPS` steps of that sampled training under torch.profiler, after the warm-up: the wall time
+  of a step (`ms_per_step`, profiled, so a little slower than the sampled line's) and the `TOP_OPS` operators
+  taking most of it (`self_ms_per_step`: each operator's own time, not its callees'), which docs/performance.md
+  groups into products, gather and scatter, proposal, update and decay;
 - classes: the same training with a word-class output layer (`model.output=classes`, the command's
   `model.class_method` and `model.classes`), for each precision, with `rows_per_token` (classes plus the mean class
   size of a training token, against |V|) and its speed-up over the `train` line of the same precision;
@@ -72,6 +76,8 @@ log = logging.getLogger(__name__)
 def _rounded(value: Any) -> Any:
     if isinstance(value, list):
         return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
     return round(value, 3) if isinstance(value, float) else value
 
 
@@ -201,10 +207,56 @@ class _StepClock(Callback):
             trainer.should_stop = True  # Lightning then validates once (the clock has stopped) and ends the fit
 
 
-def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], NPLMModule]:
-    """Training tokens/s of NPLMModule in a real Lightning Trainer (as nplm-train runs it, without validation)."""
+PROFILED_STEPS = 200
+TOP_OPS = 15
+
+
+class _Profiled(Callback):
+    """Profiles `steps` training steps after `warmup` untimed ones (torch.profiler), then stops the training."""
+
+    def __init__(self, warmup: int, steps: int, device: torch.device) -> None:
+        self.warmup, self.steps, self.done = warmup, steps, 0
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(activities=activities)
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.seconds = 0.0
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, out: Any, batch: Any, index: int
+    ) -> None:
+        self.done += 1
+        if self.done == self.warmup:
+            self.sync()
+            self.profiler.start()
+            self.seconds = time.perf_counter()
+        elif self.done == self.warmup + self.steps:
+            self.sync()
+            self.seconds = time.perf_counter() - self.seconds
+            self.profiler.stop()
+            trainer.should_stop = True
+
+
+def profile_steps(cfg: DictConfig, corpus: Corpus) -> dict[str, Any]:
+    """Where a training step's time goes: the wall time per profiled step and the operators that take most of it
+    (their own time per step, in ms), from PROFILED_STEPS steps after the bench's warm-up."""
+    profiled = _Profiled(cfg.bench.warmup, PROFILED_STEPS, device_of(cfg))
+    _fit(cfg, corpus, "32-true", profiled)
+    ops = sorted(profiled.profiler.key_averages(), key=lambda op: op.self_cpu_time_total, reverse=True)
+    per_step = 1e3 / PROFILED_STEPS
+    return {
+        "ms_per_step": profiled.seconds * per_step,
+        "steps": PROFILED_STEPS,
+        "self_ms_per_step": {op.key: op.self_cpu_time_total / 1e6 * per_step for op in ops[:TOP_OPS]},
+        "others_ms_per_step": sum(op.self_cpu_time_total for op in ops[TOP_OPS:]) / 1e6 * per_step,
+    }
+
+
+def _fit(cfg: DictConfig, corpus: Corpus, precision: str, callback: Callback) -> NPLMModule:
+    """NPLMModule trained in a real Lightning Trainer (as nplm-train runs it, without validation) until `callback`
+    stops it."""
     module = build_module(cfg, corpus)
-    clock = step_clock(cfg, cfg.bench.warmup)
     trainer = L.Trainer(
         max_epochs=-1,  # as many epochs as the rounds take (sampled training runs an epoch of Brown in seconds)
         limit_val_batches=1,  # the fast recipe's plateau schedule needs a validation per epoch; outside the clock
@@ -212,13 +264,20 @@ def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[s
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
         logger=False,
-        callbacks=[_StepClock(clock)],
+        callbacks=[callback],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     n, batch = cfg.model.n, cfg.optim.batch_size
     trainer.fit(module, loader(corpus, "train", n, batch, True, cfg.seed), loader(corpus, "valid", n, batch))
+    return module
+
+
+def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], NPLMModule]:
+    """Training tokens/s of NPLMModule in a real Lightning Trainer (as nplm-train runs it, without validation)."""
+    clock = step_clock(cfg, cfg.bench.warmup)
+    module = _fit(cfg, corpus, precision, _StepClock(clock))
     return clock.report("steps"), module
 
 
@@ -292,7 +351,7 @@ def _probs_pass(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str)
     return probs, len(probs)
 
 
-MEASURES = ("matmul", "baseline", "train", "sampled", "classes", "eval", "mixture", "ngram")
+MEASURES = ("matmul", "baseline", "train", "sampled", "profile", "classes", "eval", "mixture", "ngram")
 LISTS = ("what", "precisions", "ngram_rows")  # the bench keys that are lists
 
 
@@ -358,10 +417,11 @@ def bench(cfg: DictConfig) -> None:
                 **(chosen if precision == "auto" else {}),
                 **shape,
             )
+    optim = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
+    model = exact.model if cfg.model.output == "classes" else cfg.model  # energy trains sampled too; classes not
+    sampled = OmegaConf.merge(cfg, {"optim": optim, "model": model})
     if "sampled" in what:
-        optim = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
-        model = exact.model if cfg.model.output == "classes" else cfg.model  # energy trains sampled too; classes not
-        result, _ = train_steps(OmegaConf.merge(cfg, {"optim": optim, "model": model}), corpus, "32-true")
+        result, _ = train_steps(sampled, corpus, "32-true")
         speedups = {f"x_{p}": result["tokens_per_s"] / speed for p, speed in speeds.items()}
         emit(
             "train sampled",
@@ -373,6 +433,8 @@ def bench(cfg: DictConfig) -> None:
             **speedups,
             **shape,
         )
+    if "profile" in what:
+        emit("profile sampled", **profile_steps(sampled, corpus), output=model.output, **shape)
     if "classes" in what:
         classes = OmegaConf.merge(exact, {"model": {"output": "classes"}})
         for precision in cfg.bench.precisions:

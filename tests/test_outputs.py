@@ -22,7 +22,7 @@ from nplm_repro.models.classes import ClassOutput
 from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.nplm import NPLM
-from nplm_repro.models.sampled_loss import Proposal, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import Proposal, draw, sampled_cross_entropy
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
@@ -77,7 +77,8 @@ def test_the_energy_networks_sampled_outputs_are_its_exact_ones_and_train_it() -
     before = F.cross_entropy(net(context), target).item()
     for _ in range(30):
         optimizer.zero_grad()
-        sampled_cross_entropy(functools.partial(net.sampled_outputs, context, target), target, q, 20).backward()
+        outputs = functools.partial(net.sampled_outputs, context, target)
+        sampled_cross_entropy(outputs, target, q, draw(q, 20)).backward()
         optimizer.step()
     assert F.cross_entropy(net(context), target).item() < before - 0.1
 

@@ -12,6 +12,7 @@ import torch
 from helpers import SLICE, data_slice, run_script
 from torch.nn import functional as F
 
+from nplm_repro.bench import PROFILED_STEPS, TOP_OPS
 from nplm_repro.clock import Clock
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.windows import loader
@@ -236,9 +237,18 @@ def test_bench_measures_the_energy_network_sampled_and_a_class_layer_with_its_me
 
 def test_bench_trains_across_epochs_until_its_rounds_are_done(tiny_brown_path: Path, tmp_path: Path) -> None:
     """An epoch of 2,000 tokens is 8 steps: the warm-up alone runs into the third epoch, and the fit still ends when
-    the clock's last round does (sampled training runs an epoch of Brown in seconds, a GPU faster still)."""
-    lines = tiny_bench(tiny_brown_path, tmp_path, "bench.what=[train,sampled]", "bench.warmup=20")
-    assert [(line["what"], line["repeats"]) for line in lines] == [("train 32-true", 2), ("train sampled", 2)]
+    the clock's last round does (sampled training runs an epoch of Brown in seconds, a GPU faster still); so does the
+    profile's, whose 200 steps run through 25 epochs. Its operators' own times add up to at most a step's."""
+    lines = tiny_bench(tiny_brown_path, tmp_path, "bench.what=[train,sampled,profile]", "bench.warmup=20")
+    assert [(line["what"], line.get("repeats")) for line in lines] == [
+        ("train 32-true", 2),
+        ("train sampled", 2),
+        ("profile sampled", None),
+    ]
+    profile = lines[2]
+    assert profile["steps"] == PROFILED_STEPS and len(profile["self_ms_per_step"]) == TOP_OPS
+    assert "aten::addmm" in profile["self_ms_per_step"]  # the sampled output layer's products
+    assert 0 < sum(profile["self_ms_per_step"].values()) + profile["others_ms_per_step"] <= profile["ms_per_step"]
 
 
 @pytest.mark.parametrize(  # each starts nplm-bench (about 6 s): one in the default suite, the others slow

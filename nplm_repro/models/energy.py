@@ -83,6 +83,10 @@ class EnergyNPLM(nn.Module):
         """The weights under weight decay, as eq. (1)'s: C, H, v, W; never the biases b and d."""
         return [p for p in (self.C, self.H, self.v, self.W) if p is not None and p.requires_grad]
 
+    def word_rows(self) -> list[nn.Parameter]:
+        """The decayed weights with a row per word (C, W), as NPLM.word_rows."""
+        return [p for p in (self.C, self.W) if p is not None and p.requires_grad]
+
     def biases(self) -> list[nn.Parameter]:
         return [self.b, self.d]
 

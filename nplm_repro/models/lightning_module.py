@@ -51,6 +51,7 @@ from nplm_repro.models.sampled_loss import (
     PROPOSALS,
     Proposal,
     SparseSGD,
+    draw,
     layer_outputs,
     sampled_cross_entropy,
 )
@@ -173,6 +174,20 @@ class LanguageModule(L.LightningModule):
         """Training tokens per second so far in this epoch."""
         return self._seen / max(time.perf_counter() - self._epoch_start, 1e-9)
 
+    def _settle(self, rows: torch.Tensor | None = None) -> None:
+        """Bring `rows` (every row when None) of the weights under lazy decay up to date (SparseSGD.settle)."""
+        for optimizer in self._trainer.optimizers if self._trainer is not None else ():
+            if isinstance(optimizer, SparseSGD):
+                optimizer.settle(rows)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The true weights, lazy decay applied: what checkpoints and Models keep."""
+        self._settle()
+        return super().state_dict(*args, **kwargs)
+
+    def on_train_end(self) -> None:
+        self._settle()
+
     def on_train_epoch_end(self) -> None:
         self._check_finite(self._loss_sum)
         self.log("train_loss_epoch", self._loss_sum / max(self._seen, 1))
@@ -203,6 +218,7 @@ class LanguageModule(L.LightningModule):
         self._tokens = torch.zeros(len(SPLITS), dtype=torch.int64, device=self.device)
 
     def on_validation_epoch_start(self) -> None:
+        self._settle()
         self._reset()
         self._on_device(self.trainer.val_dataloaders)
 
@@ -214,6 +230,7 @@ class LanguageModule(L.LightningModule):
         self.log("valid_ppl_epoch", self._perplexity(SPLITS.index("valid")), prog_bar=True, sync_dist=True)
 
     def on_test_epoch_start(self) -> None:
+        self._settle()
         self._reset()
         self._on_device(self.trainer.test_dataloaders)
 
@@ -359,11 +376,13 @@ class NPLMModule(LanguageModule):
             with self._float32():
                 q = self.proposal.distribution(context[:, 0])
                 o = self.optim
+                sample = draw(q, o["samples"])
+                self._settle(torch.cat([context.flatten(), target, sample.words]))  # the rows this step reads
                 if isinstance(self.model, EnergyNPLM):
                     outputs = functools.partial(self.model.sampled_outputs, context, target)
                 else:
                     outputs = layer_outputs(self.model.output_terms(context, sparse=True), self.model.b, target)
-                loss = sampled_cross_entropy(outputs, target, q, o["samples"], o["estimator"])
+                loss = sampled_cross_entropy(outputs, target, q, sample, o["estimator"])
         elif isinstance(self.model, EnergyNPLM):
             loss = F.cross_entropy(self.model(context), target)
         elif self.trainer.precision == "bf16-mixed":
@@ -391,13 +410,17 @@ class NPLMModule(LanguageModule):
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim
         layer = [] if self.classes is None else [self.classes]  # the class layer: its weights decay, bc does not
+        decayed = self.model.decayed() + [p for c in layer for p in c.Kc]
         groups = [
-            {"params": self.model.decayed() + [p for c in layer for p in c.Kc], "weight_decay": o["weight_decay"]},
+            {"params": decayed, "weight_decay": o["weight_decay"]},
             {"params": self.model.biases() + [c.bc for c in layer], "weight_decay": 0.0},
         ]
         batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
         # lr is per training word (module doc); fused: decay and step in one pass over each weight, not three
         if o.get("output", "exact") == "sampled":  # sparse gradients: the same update, on the sampled rows only
+            rows = self.model.word_rows()  # their decay waits until a step reads the row (SparseSGD)
+            groups[0]["params"] = [p for p in decayed if all(p is not r for r in rows)]
+            groups.append({"params": rows, "weight_decay": o["weight_decay"], "lazy": True})
             optimizer = SparseSGD(groups, lr=o["lr"] * batch)
         else:
             optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=True)

@@ -61,6 +61,11 @@ class NPLM(nn.Module):
         (fixed features are frozen: no gradient, no decay)."""
         return [p for p in (self.C, self.H, self.U, self.W) if p is not None and p.requires_grad]
 
+    def word_rows(self) -> list[nn.Parameter]:
+        """The decayed weights with a row per word (C, U, W): a sampled step reads and changes only some of their
+        rows, so their decay can wait until a row is read (SparseSGD's lazy groups)."""
+        return [p for p in (self.C, self.U, self.W) if p is not None and p.requires_grad]
+
     def biases(self) -> list[nn.Parameter]:
         return [p for p in (self.b, self.d) if p is not None]
 

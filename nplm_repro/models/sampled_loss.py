@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.nn import functional as F
@@ -103,13 +103,27 @@ def layer_outputs(
     return outputs
 
 
+class Sample(NamedTuple):
+    """The distinct words of k draws from a proposal, how many times each was drawn, and k."""
+
+    words: torch.Tensor
+    drawn: torch.Tensor
+    samples: int
+
+
+def draw(q: torch.Tensor, samples: int) -> Sample:
+    """k = `samples` words from q [|V|], with replacement, shared by a batch. Drawn before the forward pass, so that
+    the rows it reads can be brought up to date first (SparseSGD's lazy decay)."""
+    return Sample(*torch.unique(torch.multinomial(q, samples, replacement=True), return_counts=True), samples)
+
+
 def sampled_cross_entropy(
-    outputs: Outputs, target: torch.Tensor, q: torch.Tensor, samples: int, estimator: str = "importance"
+    outputs: Outputs, target: torch.Tensor, q: torch.Tensor, sample: Sample, estimator: str = "importance"
 ) -> torch.Tensor:
     """The batch-mean loss whose gradient estimates that of cross-entropy of the softmax of a model's outputs y
-    over V, from `samples` words drawn from q [|V|] (with replacement) and shared by the batch: `outputs(words)`
-    computes y at each row's target and at the drawn words only (`layer_outputs` for eq. (1)'s output layer)."""
-    words, drawn = torch.unique(torch.multinomial(q, samples, replacement=True), return_counts=True)
+    over V, from `sample` (`draw`: k words drawn from q [|V|], shared by the batch): `outputs(words)` computes y at
+    each row's target and at the drawn words only (`layer_outputs` for eq. (1)'s output layer)."""
+    words, drawn, samples = sample
     log_q = q[words].log()
     y_t, y_s = outputs(words)
     if estimator == "importance":
@@ -128,27 +142,71 @@ def sampled_cross_entropy(
 
 
 class SparseSGD(torch.optim.Optimizer):
-    """SGD with weight decay, p <- (1 - lr wd) p - lr g, that adds a sparse gradient to its rows only.
+    """SGD with weight decay, p <- (1 - lr wd) p - lr g, that touches only the rows a step reads or changes.
 
-    The same update as torch.optim.SGD's, without building a |V|-wide dense gradient each step: with k
-    sampled words those rows are all a step changes, and the decay is one in-place scaling.
+    A sparse gradient is added to its rows only. In a group marked `lazy` (the |V|-row matrices: C, U, W) the
+    decay is lazy too: scaling every row each step is a |V|-wide pass through memory, the very cost that sampling
+    avoids. The group keeps the running sum of log(1 - lr wd) over its steps, and each row the sum when it was
+    last brought up to date; `settle(rows)` scales those rows by the decay they missed, exp of the difference,
+    which is the product of their missed factors however the learning rate changed meanwhile. A step adds
+    -lr / (1 - lr wd) g to a row, so that the row's next settling (which applies this step's decay too) gives
+    (1 - lr wd) p - lr g, eager decay's update, up to rounding. The caller settles the rows a step reads before
+    its forward pass, and every row (`settle()`) before anything else reads the weights; `state_dict` settles
+    first, so a checkpoint holds the true weights.
     """
 
     def __init__(self, params: Any, lr: float, weight_decay: float = 0.0) -> None:
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "lazy": False})
+
+    def _settled_at(self, p: torch.Tensor) -> torch.Tensor:
+        """Each row's running sum of log decay when it was last brought up to date (float64)."""
+        state = self.state[p]
+        if state.get("settled_at") is None or state["settled_at"].dtype != torch.float64:  # new, or loaded as float32
+            state["settled_at"] = torch.zeros(len(p), dtype=torch.float64, device=p.device)
+        return state["settled_at"]
+
+    @torch.no_grad()
+    def settle(self, rows: torch.Tensor | None = None) -> None:
+        """Apply the decay that `rows` (all rows when None) of every lazy weight missed."""
+        for group in self.param_groups:
+            total = group.get("log_decay", 0.0)
+            if not group["lazy"] or not total:  # no decay since every row was last brought up to date
+                continue
+            for p in group["params"]:
+                settled_at = self._settled_at(p)
+                if rows is None:
+                    p.mul_((total - settled_at).exp().to(p.dtype)[:, None])
+                    settled_at.zero_()
+                else:
+                    factors = (total - settled_at[rows]).exp().to(p.dtype)[:, None]
+                    p.index_copy_(0, rows, p.index_select(0, rows) * factors)
+                    settled_at.index_fill_(0, rows, total)
+            if rows is None:  # every row is up to date: start the sums again, so they never grow large
+                group["log_decay"] = 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        self.settle()
+        return super().state_dict()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             lr, decay = group["lr"], group["weight_decay"]
+            keep = 1.0 - lr * decay
+            lazy = group["lazy"] and decay
+            if lazy:
+                group["log_decay"] = group.get("log_decay", 0.0) + math.log(keep)
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if decay:
-                    p.mul_(1.0 - lr * decay)
+                if lazy and not p.grad.is_sparse:
+                    raise ValueError("SparseSGD: a lazy group's weights need sparse gradients (only their rows)")
+                if decay and not lazy:
+                    p.mul_(keep)
+                alpha = -lr / keep if lazy else -lr
                 if p.grad.is_sparse:
-                    p.index_add_(0, p.grad._indices()[0], p.grad._values(), alpha=-lr)
+                    p.index_add_(0, p.grad._indices()[0], p.grad._values(), alpha=alpha)
                 else:
-                    p.add_(p.grad, alpha=-lr)
+                    p.add_(p.grad, alpha=alpha)
         return loss

@@ -27,7 +27,7 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.lightning_module import LanguageModule
-from nplm_repro.models.sampled_loss import Proposal, layer_outputs, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import Proposal, draw, layer_outputs, sampled_cross_entropy
 from nplm_repro.models.schedules import schedules
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
@@ -134,7 +134,7 @@ class SequenceModule(LanguageModule):
                 o = self.optim
                 q = self.proposal.distribution(x.reshape(-1))
                 outputs = layer_outputs([(h.float(), self.output_weight)], self.b, y, sparse=False)
-                loss = sampled_cross_entropy(outputs, y, q, o["samples"], o["estimator"])
+                loss = sampled_cross_entropy(outputs, y, q, draw(q, o["samples"]), o["estimator"])
         elif self.trainer.precision == "bf16-mixed":
             loss = bf16_cross_entropy([(h, self.output_weight)], self.b, y)
         else:
