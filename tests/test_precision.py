@@ -4,8 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from nplm_repro.models.precision import job_precision, resolve
+from nplm_repro.models.precision import job_precision, resolve, training_step_gflops
 
 
 @pytest.fixture
@@ -63,3 +64,19 @@ def test_a_broken_cache_never_fails_a_run(damage: str, cache: Path, monkeypatch:
 def test_an_unprobed_accelerator_trains_in_float32(cache: Path) -> None:
     chosen, tags = resolve("auto", "mps")
     assert chosen == "32-true" and "not probed" in tags["precision.auto"]
+
+
+def test_the_cuda_probe_times_whole_training_steps_under_autocast() -> None:
+    """The step probe `auto` runs on CUDA, here on the CPU: a bfloat16 step trains the float32 weights under
+    autocast, as bf16-mixed does, and each dtype gets its own rate."""
+    torch.manual_seed(0)
+    shape = {"batch": 32, "width": 16, "vocab": 64, "repeats": 2, "device": torch.device("cpu")}
+    rates = [training_step_gflops(**shape, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
+    assert all(rate > 0 for rate in rates)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_auto_on_cuda_measures_training_steps(cache: Path) -> None:
+    chosen, tags = resolve("auto", "cuda")
+    assert chosen in ("32-true", "bf16-mixed") and "training steps" in tags["precision.auto"]
+    assert float(tags["precision.bfloat16_gflops"]) > 0 and float(tags["precision.float32_gflops"]) > 0

@@ -3,9 +3,12 @@
 The training time of eq. (1) is the |V|-wide output layer's three products. On a CPU with bfloat16 units
 (AVX-512 BF16, AMX) they run several times faster in bfloat16 than in float32; on an AVX2-only CPU torch
 emulates bfloat16 and the same products run 4 to 20 times slower (and round worse). So `auto` times the
-products in both dtypes (under a second) and takes bf16-mixed only if it is faster. The result is cached per
-device model and torch version under `$NPLM_CACHE/precision/`. On CUDA it is the device's own answer
-(`torch.cuda.is_bf16_supported`, Ampere and newer). The probe never fails a run: if it cannot measure, 32-true.
+products in both dtypes (under a second) and takes bf16-mixed only if it is faster. On CUDA the products
+are always faster in bfloat16, yet a whole step need not be (an H200 trained MLP9 in bf16-mixed at 0.74x of
+32-true: autocast's casts and launches outweigh small products), so there `auto` times whole training steps of
+the probe's output layer, under bf16 autocast and without, and takes bf16-mixed only if its step is faster (never
+where `torch.cuda.is_bf16_supported` says no). The result is cached per device model and torch version under
+`$NPLM_CACHE/precision/`. The probe never fails a run: if it cannot measure, 32-true.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from torch.nn import functional as F
+
 from nplm_repro.cache import cache_root
 from nplm_repro.errors import NplmError
 
@@ -31,13 +36,16 @@ DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
 PROBE = {"batch": 256, "width": 128, "vocab": 4096}  # a small output layer; the ratio is what matters
 
 
-def best_seconds(work: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` timed calls, after one untimed call (first-call setup is not the rate)."""
+def best_seconds(work: Callable[[], object], repeats: int, sync: Callable[[], object] = lambda: None) -> float:
+    """The fastest of `repeats` timed calls, after one untimed call (first-call setup is not the rate); `sync` waits
+    for a device's queued work (torch.cuda.synchronize), so a call counts what it computed, not what it launched."""
     work()
     best = float("inf")
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         work()
+        sync()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -50,6 +58,32 @@ def output_layer_gflops(batch: int, width: int, vocab: int, dtype: torch.dtype, 
     products = (z, O.T), (dy, O), (dy.T, z)
     seconds = sum(best_seconds(functools.partial(torch.mm, a, b), repeats) for a, b in products)
     return 3 * 2 * batch * width * vocab / seconds / 1e9
+
+
+def training_step_gflops(
+    batch: int, width: int, vocab: int, dtype: torch.dtype, repeats: int, device: torch.device
+) -> float:
+    """GFLOP/s of whole training steps of an output layer (softmax cross-entropy of z O^T, backward, SGD update of
+    O) on `device`, under autocast to `dtype` when it is not float32, as bf16-mixed trains: the three products'
+    FLOPs over the best of `repeats` steps' time, so that casts and launches count against bfloat16."""
+    z, O = torch.randn(batch, width, device=device), torch.randn(vocab, width, device=device, requires_grad=True)
+    target = torch.randint(vocab, (batch,), device=device)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = F.cross_entropy(z @ O.T, target)
+        loss.backward()
+        with torch.no_grad():
+            O.sub_(O.grad, alpha=1e-3)
+        O.grad = None
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return 3 * 2 * batch * width * vocab / best_seconds(step, repeats, sync) / 1e9
+
+
+def cuda_model() -> str:
+    """What identifies a CUDA device's arithmetic: its name and compute capability."""
+    return json.dumps({"cuda": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability())})
 
 
 def cpu_model() -> str:
@@ -73,31 +107,35 @@ def _cache_file(device: str) -> Path:
     return cache_root() / "precision" / f"{digest}.json"
 
 
-def measure_cpu(repeats: int = 3) -> dict[str, float]:
-    """GFLOP/s of the probe's products in float32 and bfloat16 on this CPU, with the current torch threads."""
-    return {
-        str(dtype).removeprefix("torch."): output_layer_gflops(**PROBE, dtype=dtype, repeats=repeats)
-        for dtype in (torch.float32, torch.bfloat16)
-    }
+def measure(device: str = "cpu", repeats: int = 3) -> dict[str, float]:
+    """The probe's GFLOP/s in float32 and bfloat16 on `device`: on a CPU its products, with the current torch
+    threads; on CUDA whole training steps (`training_step_gflops`)."""
+    rates = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        if device == "cuda":
+            rate = training_step_gflops(**PROBE, dtype=dtype, repeats=repeats, device=torch.device("cuda"))
+        else:
+            rate = output_layer_gflops(**PROBE, dtype=dtype, repeats=repeats)
+        rates[str(dtype).removeprefix("torch.")] = rate
+    return rates
 
 
-def cpu_rates() -> dict[str, float]:
-    """The probe's rates for this CPU and torch version, from the cache when measured before."""
+def device_rates(device: str = "cpu") -> dict[str, float]:
+    """The probe's rates for this device (cpu or cuda) and torch version, from the cache when measured before."""
+    model = cuda_model() if device == "cuda" else cpu_model()
     try:
-        path = _cache_file(cpu_model())
+        path = _cache_file(model)
         return json.loads(path.read_text())["gflops"]
     except NplmError as error:  # the cache is no directory: measured all the same, and cached nowhere
         log.warning("precision=auto: %s; the probe's result is not cached", error)
-        return measure_cpu()
+        return measure(device)
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    rates = measure_cpu()
+    rates = measure(device)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{time.time_ns()}.tmp")
-        temporary.write_text(
-            json.dumps({"device": json.loads(cpu_model()), "torch": torch.__version__, "gflops": rates})
-        )
+        temporary.write_text(json.dumps({"device": json.loads(model), "torch": torch.__version__, "gflops": rates}))
         temporary.replace(path)  # atomic: a concurrent run reads the old file or the new one, never half of one
     except OSError as error:
         log.warning("precision=auto: cannot cache the probe's result at %s (%s)", path, error)
@@ -110,18 +148,21 @@ def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, s
     if precision != "auto":
         return precision, {}
     try:
+        device = "cpu"
         if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
-            chosen = "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
-            return chosen, {"precision.auto": f"{chosen}: cuda {torch.cuda.get_device_name()}"}
-        if accelerator not in ("cpu", "auto"):
+            if not torch.cuda.is_bf16_supported():
+                return "32-true", {"precision.auto": f"32-true: cuda {torch.cuda.get_device_name()} has no bfloat16"}
+            device = "cuda"
+        elif accelerator not in ("cpu", "auto"):
             return "32-true", {"precision.auto": f"32-true: accelerator {accelerator} (bfloat16 not probed)"}
-        rates = cpu_rates()
+        rates = device_rates(device)
     except Exception as error:  # noqa: BLE001  the probe must never fail a run: float32 is always right
         log.warning("precision=auto: the probe failed (%s); training in 32-true", error)
         return "32-true", {"precision.auto": f"32-true: probe failed ({type(error).__name__})"}
     chosen = "bf16-mixed" if rates["bfloat16"] > rates["float32"] else "32-true"
     tags = {f"precision.{dtype}_gflops": f"{rate:.1f}" for dtype, rate in rates.items()}
-    why = f"{chosen}: bfloat16 {rates['bfloat16']:.1f} against float32 {rates['float32']:.1f} GFLOP/s"
+    on = f" on cuda {torch.cuda.get_device_name()} (training steps)" if device == "cuda" else ""
+    why = f"{chosen}: bfloat16 {rates['bfloat16']:.1f} against float32 {rates['float32']:.1f} GFLOP/s{on}"
     log.info("precision=auto -> %s", why)
     return chosen, tags | {"precision.auto": why}
 
