@@ -98,12 +98,8 @@ def test_lazy_decay_gives_the_weights_of_eager_decay_through_a_learning_rate_dro
     q = torch.full((vocab,), 1 / vocab)
     runs = []
     for model, lazy_groups in ((eager, False), (lazy, True)):
-        rows = model.word_rows() if lazy_groups else []
-        groups = [
-            {"params": [p for p in model.decayed() if all(p is not r for r in rows)], "weight_decay": 0.1},
-            {"params": model.biases(), "weight_decay": 0.0},
-        ] + [{"params": rows, "weight_decay": 0.1, "lazy": True}] * lazy_groups
-        optimizer = SparseSGD(groups, lr=0.9)
+        groups = [{"params": model.decayed(), "weight_decay": 0.1}, {"params": model.biases(), "weight_decay": 0.0}]
+        optimizer = SparseSGD(groups, lr=0.9, lazy=model.word_rows() if lazy_groups else ())
         plateau = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[150], gamma=0.2)
         torch.manual_seed(1)  # the same batches and draws
         for _ in range(300):
@@ -123,6 +119,30 @@ def test_lazy_decay_gives_the_weights_of_eager_decay_through_a_learning_rate_dro
     assert not torch.allclose(owed, expected["C"], rtol=1e-3)
     for name, value in expected.items():
         torch.testing.assert_close(settled[name], value, msg=name)
+
+
+def test_a_checkpoint_of_eager_decay_resumes_under_lazy_decay() -> None:
+    """The lazy weights are marked, not grouped apart: an optimiser state saved with every weight decayed eagerly (a
+    run killed before lazy decay existed) loads, and training goes on from it."""
+    torch.manual_seed(0)
+    model = NPLM(vocab_size=40, n=3, m=4, h=5, direct=True)
+    groups = [{"params": model.decayed(), "weight_decay": 0.1}, {"params": model.biases(), "weight_decay": 0.0}]
+    saved = SparseSGD(groups, lr=0.5).state_dict()
+    optimizer = SparseSGD(groups, lr=0.5, lazy=model.word_rows())
+    optimizer.load_state_dict(saved)
+    context, target = torch.randint(0, 40, (16, 2)), torch.randint(0, 40, (16,))
+    q = torch.full((40,), 1 / 40)
+    before = model.C.detach().clone()
+    sample = draw(q, 8)
+    optimizer.settle(torch.cat([context.flatten(), target, sample.words]))
+    sampled_cross_entropy(
+        layer_outputs(model.output_terms(context, sparse=True), model.b, target), target, q, sample
+    ).backward()
+    optimizer.step()
+    optimizer.settle()
+    untouched = torch.ones(40, dtype=torch.bool)
+    untouched[context.flatten()] = False
+    torch.testing.assert_close(model.C.detach()[untouched], before[untouched] * (1 - 0.5 * 0.1))
 
 
 def test_sampled_config_is_checked_and_keyed_apart_from_exact() -> None:

@@ -410,18 +410,15 @@ class NPLMModule(LanguageModule):
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim
         layer = [] if self.classes is None else [self.classes]  # the class layer: its weights decay, bc does not
-        decayed = self.model.decayed() + [p for c in layer for p in c.Kc]
         groups = [
-            {"params": decayed, "weight_decay": o["weight_decay"]},
+            {"params": self.model.decayed() + [p for c in layer for p in c.Kc], "weight_decay": o["weight_decay"]},
             {"params": self.model.biases() + [c.bc for c in layer], "weight_decay": 0.0},
         ]
         batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
         # lr is per training word (module doc); fused: decay and step in one pass over each weight, not three
         if o.get("output", "exact") == "sampled":  # sparse gradients: the same update, on the sampled rows only
-            rows = self.model.word_rows()  # their decay waits until a step reads the row (SparseSGD)
-            groups[0]["params"] = [p for p in decayed if all(p is not r for r in rows)]
-            groups.append({"params": rows, "weight_decay": o["weight_decay"], "lazy": True})
-            optimizer = SparseSGD(groups, lr=o["lr"] * batch)
+            # the word rows' decay waits until a step reads the row (SparseSGD)
+            optimizer = SparseSGD(groups, lr=o["lr"] * batch, lazy=self.model.word_rows())
         else:
             optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=True)
         return [optimizer], schedules(optimizer, o.get("decay_rate"), o.get("plateau_factor"), batch)

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
 from torch.nn import functional as F
 
 from nplm_repro.cache import cache_root

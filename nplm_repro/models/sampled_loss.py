@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -144,19 +144,21 @@ def sampled_cross_entropy(
 class SparseSGD(torch.optim.Optimizer):
     """SGD with weight decay, p <- (1 - lr wd) p - lr g, that touches only the rows a step reads or changes.
 
-    A sparse gradient is added to its rows only. In a group marked `lazy` (the |V|-row matrices: C, U, W) the
-    decay is lazy too: scaling every row each step is a |V|-wide pass through memory, the very cost that sampling
-    avoids. The group keeps the running sum of log(1 - lr wd) over its steps, and each row the sum when it was
+    A sparse gradient is added to its rows only. The decay of the `lazy` weights (the |V|-row matrices: C, U, W) is
+    lazy too: scaling every row each step is a |V|-wide pass through memory, the very cost that sampling avoids.
+    Each param group keeps the running sum of log(1 - lr wd) over its steps, and each lazy row the sum when it was
     last brought up to date; `settle(rows)` scales those rows by the decay they missed, exp of the difference,
     which is the product of their missed factors however the learning rate changed meanwhile. A step adds
-    -lr / (1 - lr wd) g to a row, so that the row's next settling (which applies this step's decay too) gives
+    -lr / (1 - lr wd) g to a lazy row, so that the row's next settling (which applies this step's decay too) gives
     (1 - lr wd) p - lr g, eager decay's update, up to rounding. The caller settles the rows a step reads before
     its forward pass, and every row (`settle()`) before anything else reads the weights; `state_dict` settles
-    first, so a checkpoint holds the true weights.
+    first, so a checkpoint holds the true weights. The param groups are those given, lazy or not, so a checkpoint
+    of plain SGD-shaped groups loads.
     """
 
-    def __init__(self, params: Any, lr: float, weight_decay: float = 0.0) -> None:
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "lazy": False})
+    def __init__(self, params: Any, lr: float, weight_decay: float = 0.0, lazy: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+        self._lazy = {id(p) for p in lazy}
 
     def _settled_at(self, p: torch.Tensor) -> torch.Tensor:
         """Each row's running sum of log decay when it was last brought up to date (float64)."""
@@ -170,9 +172,11 @@ class SparseSGD(torch.optim.Optimizer):
         """Apply the decay that `rows` (all rows when None) of every lazy weight missed."""
         for group in self.param_groups:
             total = group.get("log_decay", 0.0)
-            if not group["lazy"] or not total:  # no decay since every row was last brought up to date
+            if not total:  # no lazy weight here, or no decay since every row was last brought up to date
                 continue
             for p in group["params"]:
+                if id(p) not in self._lazy:
+                    continue
                 settled_at = self._settled_at(p)
                 if rows is None:
                     p.mul_((total - settled_at).exp().to(p.dtype)[:, None])
@@ -194,14 +198,14 @@ class SparseSGD(torch.optim.Optimizer):
         for group in self.param_groups:
             lr, decay = group["lr"], group["weight_decay"]
             keep = 1.0 - lr * decay
-            lazy = group["lazy"] and decay
-            if lazy:
+            if decay and any(id(p) in self._lazy for p in group["params"]):
                 group["log_decay"] = group.get("log_decay", 0.0) + math.log(keep)
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                lazy = decay and id(p) in self._lazy
                 if lazy and not p.grad.is_sparse:
-                    raise ValueError("SparseSGD: a lazy group's weights need sparse gradients (only their rows)")
+                    raise ValueError("SparseSGD: a lazy weight needs a sparse gradient (only its rows)")
                 if decay and not lazy:
                     p.mul_(keep)
                 alpha = -lr / keep if lazy else -lr
