@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -451,9 +452,10 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def fill(disk: Path) -> Path:
-    """Write zeros into `disk` until it has no byte left; the file that holds them."""
+    """Write zeros into `disk` until it has no byte left; the file that holds them (appended to, so that a second
+    call takes up whatever was freed since the first)."""
     filler = disk / "filler"
-    with filler.open("wb", buffering=0) as out:
+    with filler.open("ab", buffering=0) as out:
         for chunk in (65536, 512, 1):
             with contextlib.suppress(OSError):
                 while True:
@@ -478,8 +480,26 @@ def test_a_disk_that_fills_up_during_a_run_is_one_line_and_the_next_run_recovers
         time.sleep(
             0.2
         )  # training: its first metric is logged (a disk full as the run is created is exit 2, the store's)
-    filler = fill(small_disk)
-    _, stderr = process.communicate(timeout=300)
+    # kept full until the run exits: a run that fails removes what it had half-written, and the space that frees
+    # would otherwise let the store record FAILED after all, or not, as the timing falls
+    full = threading.Event()
+    stop = threading.Event()
+
+    def keep_full() -> None:
+        while not stop.is_set():
+            fill(small_disk)
+            full.set()
+            stop.wait(0.01)
+
+    filling = threading.Thread(target=keep_full)
+    filling.start()
+    full.wait()
+    try:
+        _, stderr = process.communicate(timeout=300)
+    finally:
+        stop.set()
+        filling.join()
+    filler = small_disk / "filler"
     assert process.returncode == 1, stderr[-3000:]
     assert re.fullmatch(
         r"nplm-train: error: .*(disk is full|No space left on device).*", stderr.strip().splitlines()[-1]
