@@ -149,6 +149,32 @@ def test_stopped_run_resumes_in_the_same_run_and_ends_as_an_uninterrupted_one(
 
 
 @pytest.mark.slow
+def test_a_killed_sampled_run_resumes_and_ends_as_an_uninterrupted_one(brown_path: Path, tmp_path: Path) -> None:
+    """Sampled training decays C and U lazily: the checkpoint must hold every row brought up to date, and the
+    optimiser's bookkeeping must resume with it, or the resumed run's rows would be decayed twice or not at all."""
+    # a weight decay 100 times the recipe's, so that a row decayed twice or not at all moves the perplexities
+    sampled = ["optim=sampled", "optim.weight_decay=1e-2"]
+    whole, stopped_dir = tmp_path / "whole", tmp_path / "stopped"
+    whole.mkdir(), stopped_dir.mkdir()
+    reference_uri, uri = f"sqlite:///{whole}/mlflow.db", f"sqlite:///{stopped_dir}/mlflow.db"
+    reference = subprocess.run(
+        command(brown_path, reference_uri, *sampled), cwd=whole, capture_output=True, text=True, timeout=600
+    )
+    assert reference.returncode == 0, stderr_tail(reference)
+    stopped = stop_mid_second_epoch(command(brown_path, uri, *sampled), stopped_dir, uri, signal.SIGKILL)
+    assert stopped.returncode == -9, stderr_tail(stopped)
+    resumed = subprocess.run(
+        command(brown_path, uri, *sampled), cwd=stopped_dir, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, stderr_tail(resumed)
+    assert "resuming run" in resumed.stdout + resumed.stderr
+    ((run,), (expected,)) = runs(uri), runs(reference_uri)
+    for split in ("train", "valid", "test"):
+        ours, reference_ppl = run.data.metrics[f"{split}_ppl"], expected.data.metrics[f"{split}_ppl"]
+        assert abs(ours / reference_ppl - 1) < 0.01, (split, ours, reference_ppl)
+
+
+@pytest.mark.slow
 def test_rerun_true_starts_afresh_instead_of_resuming(brown_path: Path, tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     stopped = stop_mid_second_epoch(command(brown_path, uri), tmp_path, uri, signal.SIGINT)
