@@ -32,22 +32,19 @@ class ClassOutput(nn.Module):
         super().__init__()
         self.Kc = nn.ParameterList(_uniform(count, width, fan_in=sum(widths)) for width in widths)
         self.bc = nn.Parameter(torch.zeros(count))
-        for name, size in (("word_class", vocab_size), ("order", vocab_size), ("position", vocab_size)):
+        for name, size in (("word_class", vocab_size), ("order", vocab_size), ("start", count), ("size", count)):
             self.register_buffer(name, torch.zeros(size, dtype=torch.int64))
-        for name in ("start", "size"):
-            self.register_buffer(name, torch.zeros(count, dtype=torch.int64))
         if classes is not None:
             self.assign(classes)
 
     @torch.no_grad()
     def assign(self, classes: torch.Tensor) -> None:
-        """Words sorted by class (`order`), each class's span of that order (`start`, `size`), each word's place in
-        its class (`position`)."""
+        """Words sorted by class (`order`) and each class's span of that order (`start`, `size`): a class's words
+        are one slice of `order`."""
         self.word_class.copy_(classes)
         self.order.copy_(torch.argsort(classes, stable=True))
         self.size.copy_(torch.bincount(classes, minlength=len(self.size)))
         self.start.copy_(torch.cumsum(self.size, 0) - self.size)
-        self.position[self.order] = torch.arange(len(classes)) - self.start[classes[self.order]]
 
     def _class_logprobs(self, terms: Terms) -> torch.Tensor:
         y = self.bc
