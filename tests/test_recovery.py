@@ -155,7 +155,8 @@ def test_a_killed_sampled_run_resumes_and_ends_as_an_uninterrupted_one(brown_pat
     # a weight decay 100 times the recipe's, so that a row decayed twice or not at all moves the perplexities
     sampled = ["optim=sampled", "optim.weight_decay=1e-2"]
     whole, stopped_dir = tmp_path / "whole", tmp_path / "stopped"
-    whole.mkdir(), stopped_dir.mkdir()
+    whole.mkdir()
+    stopped_dir.mkdir()
     reference_uri, uri = f"sqlite:///{whole}/mlflow.db", f"sqlite:///{stopped_dir}/mlflow.db"
     reference = subprocess.run(
         command(brown_path, reference_uri, *sampled), cwd=whole, capture_output=True, text=True, timeout=600
@@ -508,24 +509,20 @@ def test_a_disk_that_fills_up_during_a_run_is_one_line_and_the_next_run_recovers
         )  # training: its first metric is logged (a disk full as the run is created is exit 2, the store's)
     # kept full until the run exits: a run that fails removes what it had half-written, and the space that frees
     # would otherwise let the store record FAILED after all, or not, as the timing falls
-    full = threading.Event()
+    filler = fill(small_disk)
     stop = threading.Event()
 
     def keep_full() -> None:
-        while not stop.is_set():
+        while not stop.wait(0.01):
             fill(small_disk)
-            full.set()
-            stop.wait(0.01)
 
     filling = threading.Thread(target=keep_full)
     filling.start()
-    full.wait()
     try:
         _, stderr = process.communicate(timeout=300)
     finally:
         stop.set()
         filling.join()
-    filler = small_disk / "filler"
     assert process.returncode == 1, stderr[-3000:]
     assert re.fullmatch(
         r"nplm-train: error: .*(disk is full|No space left on device).*", stderr.strip().splitlines()[-1]
