@@ -38,6 +38,16 @@ def test_jobs_that_found_their_run_made_tell_nothing_of_the_pace() -> None:
     assert "left" not in progress_line("s", 2, [{"row": "MLP1", "state": "done", "seconds": 1.0}], 5.0)  # no pace yet
 
 
+def test_epochs_a_resumed_job_had_trained_before_this_launch_are_not_its_pace() -> None:
+    """brown_extensions resumed: two jobs pick up at their epoch 11 of 20 and finish, two more start."""
+    statuses = [{"row": r, "state": "done", "epochs_before": 10, "max_epochs": 20, "seconds": 600.0} for r in "AB"]
+    statuses += [{"row": "C", "state": "training", "epochs_before": 0, "epoch": 1, "max_epochs": 20}]
+    statuses += [{"row": "D", "state": "running", "epochs_before": 5, "max_epochs": 20}]  # before its first epoch
+    # of 30 jobs, 1.25 were trained before (A, B: 10/20 each, D: 5/20); of the 28.75 left, 1 took 600 s: 27.75 more
+    line = progress_line("brown_extensions", 30, statuses, elapsed=600.0)
+    assert line == "brown_extensions: 2/30 done, 2 running, 0 failed | C epoch 1/20, D | ~4h37m left"
+
+
 @pytest.mark.parametrize("seconds,text", [(0, "0s"), (59.9, "59s"), (60, "1m00s"), (185, "3m05s"), (7200, "2h00m")])
 def test_duration(seconds: float, text: str) -> None:
     assert duration(seconds) == text

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from nplm_repro.errors import NplmError
 from nplm_repro.models.training import fit_callbacks
+from nplm_repro.progress import STATUS_ENV, read_status
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.ledger import ORPHANED
 
@@ -136,9 +137,16 @@ def test_stopped_run_resumes_in_the_same_run_and_ends_as_an_uninterrupted_one(
     assert trained > saved["global_step"]  # steps of epoch 2 ran after the checkpoint: they are lost, and redone
     assert not [p for p in last.parent.iterdir() if p.suffix != ".ckpt"]  # no half-written temporary left
 
-    resumed = subprocess.run(command(brown_path, uri), cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    status = tmp_path / "status.json"  # what a sweep's job tells the sweep's progress display
+    env = os.environ | {STATUS_ENV: str(status)}
+    resumed = subprocess.run(
+        command(brown_path, uri), cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming run {run.info.run_id} from {last}" in resumed.stdout + resumed.stderr
+    # epoch 1 was trained before: the display's time left counts epochs 2 and 3 only as this launch's pace
+    told = read_status(status)
+    assert (told["epochs_before"], told["epoch"], told["max_epochs"]) == (1, 3, 3)
     (after,) = runs(uri)  # the same run, not a second one
     assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "valid_ppl_epoch")

@@ -37,7 +37,11 @@ def resume_point(best: DictConfig) -> ModelCheckpoint:
 
 
 class EpochStatus(Callback):
-    """The epoch a sweep's job is at, for the sweep's progress display (nplm_repro/progress.py)."""
+    """The epoch a sweep's job is at, for the sweep's progress display (nplm_repro/progress.py), and the epochs a
+    resumed job had trained before: work the display's time left must not count as this launch's pace."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        report_status(epochs_before=trainer.current_epoch, max_epochs=trainer.max_epochs)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         report_status(state="training", epoch=trainer.current_epoch + 1, max_epochs=trainer.max_epochs)

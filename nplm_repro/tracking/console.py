@@ -50,7 +50,8 @@ def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapse
     """The display's one line: `quickstart: 1/4 done, 2 running, 0 failed | MLP9 epoch 2/3, Del. Int. | ~1m20s left`.
 
     The time left assumes the rest goes at the pace so far, a running MLP counting by its epochs done; jobs that
-    ended within `QUICK` seconds (a run found made) count neither as work nor as work done."""
+    ended within `QUICK` seconds (a run found made) count neither as work nor as work done, nor do the epochs a
+    resumed job had trained before this launch (`epochs_before`)."""
     done = sum(s.get("state") == "done" for s in statuses)
     failed = sum(s.get("state") == "failed" for s in statuses)
     running = [s for s in statuses if s.get("state") not in FINAL]
@@ -66,8 +67,10 @@ def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapse
     if shown:
         parts.append(", ".join(shown))
     quick = sum(s.get("state") in FINAL and s.get("seconds", QUICK) < QUICK for s in statuses)
-    partly = sum((s.get("epoch", 1) - 1) / s["max_epochs"] for s in running if s.get("max_epochs"))
-    finished, work = done + failed - quick + partly, total - quick
+    at = [(s.get("epoch", s.get("epochs_before", 0) + 1) - 1, s["max_epochs"]) for s in running if s.get("max_epochs")]
+    partly = sum(epochs / max_epochs for epochs, max_epochs in at)
+    before = sum(s.get("epochs_before", 0) / s["max_epochs"] for s in statuses if s.get("max_epochs"))
+    finished, work = done + failed - quick + partly - before, total - quick - before
     if done + failed >= total:
         parts.append(f"{duration(elapsed)}")
     elif 0 < finished < work:
