@@ -68,7 +68,7 @@ from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.precision import PRECISIONS, resolve
 from nplm_repro.models.training import build_module, token_probs
-from nplm_repro.tracking.config_checks import check_config
+from nplm_repro.tracking.config_checks import check_config, check_sizes
 
 log = logging.getLogger(__name__)
 
@@ -381,6 +381,7 @@ def bench(cfg: DictConfig) -> None:
     check_config(cfg)
     check_bench(cfg.bench)
     what, corpus = set(cfg.bench.what), load_corpus(cfg.data)
+    check_sizes(cfg, corpus.sizes())  # the values against the corpus read, as nplm-train checks them
     cfg.trainer.precision = resolve(cfg.trainer.precision, cfg.trainer.accelerator)[0]  # what nplm-train would use
     log.info("measuring %s", OmegaConf.to_container(cfg.bench, resolve=True))
     L.seed_everything(cfg.seed, verbose=False)

@@ -7,6 +7,8 @@ import signal
 import threading
 from types import FrameType
 
+import yaml
+
 
 class NplmError(Exception):
     """Bad input or environment: the message says what is wrong and how to fix it."""
@@ -31,8 +33,23 @@ def sigterm_interrupts() -> None:
         signal.signal(signal.SIGTERM, _sigterm)
 
 
+def yaml_line(error: yaml.YAMLError, where: str | None = None) -> str:
+    """A file that is not YAML, or has a key twice in one mapping (YAML forbids it; Hydra refuses it, PyYAML alone
+    keeps the last), in one line naming the file (`where`, else the file PyYAML read) and the line: PyYAML's message
+    spans four lines, and its first ("while parsing a flow node") says neither."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    problem, context = getattr(error, "problem", None), getattr(error, "context", None)
+    name = where or (mark.name if mark is not None else "a config file")
+    at = f", line {mark.line + 1}" if mark is not None else ""
+    what = problem or context or str(error).strip().splitlines()[0]
+    return f"{name}{at}: not valid YAML: {what}" + (f" ({context})" if problem and context else "")
+
+
 def one_line(error: BaseException) -> str:
-    """Hydra/OmegaConf messages span lines; keep the first line of the error and of its cause."""
+    """Hydra/OmegaConf messages span lines; keep the first line of the error and of its cause. A YAML error as
+    `yaml_line` says it."""
+    if isinstance(error, yaml.YAMLError):
+        return yaml_line(error)
     parts = [(str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")]
     if error.__cause__ is not None and str(error.__cause__).strip():
         parts.append(str(error.__cause__).strip().splitlines()[0])

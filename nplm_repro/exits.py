@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
+import yaml
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
@@ -91,10 +92,12 @@ def _unexpected(error: Exception) -> str:
 
 
 def exit_code(error: Exception, in_job: bool) -> int:
-    """One rule for a single run and a sweep's jobs: NplmError is bad input (2); so is an error of Hydra or
-    OmegaConf raised outside any job, i.e. the command line refused (an unknown key, a missing option); any other
-    error, Hydra's InstantiationException from a job included, is unexpected (1)."""
-    if isinstance(error, NplmError) or (not in_job and isinstance(error, (HydraException, OmegaConfBaseException))):
+    """One rule for a single run and a sweep's jobs: NplmError is bad input (2); so is an error of Hydra, OmegaConf
+    or YAML raised outside any job, i.e. the command line or a config file refused (an unknown key, a missing
+    option, a study file that is not YAML); any other error, Hydra's InstantiationException from a job included, is
+    unexpected (1)."""
+    refused = (HydraException, OmegaConfBaseException, yaml.YAMLError)
+    if isinstance(error, NplmError) or (not in_job and isinstance(error, refused)):
         return EXIT_BAD_INPUT
     return EXIT_FAILED
 

@@ -26,7 +26,8 @@ from nplm_repro.paths import check_report_dir
 from nplm_repro.reporting.claims import headline
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
-from nplm_repro.studies import checked, declaration, study_file
+from nplm_repro.studies import check_claimed_rows, checked, claimed_rows, declaration, study_file
+from nplm_repro.tracking.study_rows import study_rows
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def _main() -> None:
     parser.add_argument(
         "--require-clean",
         action="store_true",
-        help="leave out runs made from a work tree with uncommitted changes (git commit +dirty)",
+        help="leave out runs made from code with uncommitted changes (git commit +dirty)",
     )
     parser.add_argument(
         "--register",
@@ -60,10 +61,13 @@ def _main() -> None:
     )
     args = parser.parse_args()
     check_report_dir(str(args.out), f"--out {args.out}")
-    if args.study.endswith((".yaml", ".yml")):
-        study, spec = study_file(Path(args.study))
+    path = Path(args.study) if args.study.endswith((".yaml", ".yml")) else None
+    if path is not None:
+        (study, spec), where = study_file(path), str(path)
     else:
-        study, spec = args.study, declaration(args.study)
+        study, spec, where = args.study, declaration(args.study), f"sweeps/{args.study}.yaml"
+    if claimed_rows(spec):  # before the store is read: a claim on a row no job gives is a typo
+        check_claimed_rows(spec, study_rows(study, path, where), where)
     experiment = args.experiment or PAPER_TABLES.get(spec.get("paper", ""), "brown")
     report = build(args.tracking_uri, experiment, study, args.fingerprint, args.require_clean, spec)
     if args.require_clean:

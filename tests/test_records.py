@@ -1,5 +1,5 @@
 """What a run records beyond its numbers, as MLflow users expect it: no credentials, the experiment's kind, the code
-(MLflow's commit tag, the diff of a dirty work tree, or the installed version). Real stores, real runs.
+(MLflow's commit tag, the diff of uncommitted code, or the installed version). Real stores, real runs.
 
 The params logged once, the dataset input, the commit tag of this tree and system metrics are checked on the runs
 of test_train.py; here the code runs from throwaway checkouts of this project (PYTHONPATH), to make a tree dirty
@@ -77,25 +77,31 @@ def commit_all(repo: Path) -> str:
 
 
 def throwaway_repo(path: Path) -> str:
-    """A repository with one commit (its hash returned) holding the package `pkg/`; its file `conf.yaml` changed
-    afterwards makes it dirty."""
+    """A repository with one commit (its hash returned) holding the package `pkg/` and its configs `conf/`; its file
+    `conf/local.yaml` changed afterwards makes it dirty."""
     (path / "pkg").mkdir(parents=True)
+    (path / "conf").mkdir()
     git(path, "init", "-q")
     (path / "pkg" / "__init__.py").write_text('"""the code"""\n')
-    (path / "conf.yaml").write_text("uri: sqlite:///mlflow.db\n")
+    (path / "conf" / "local.yaml").write_text("uri: sqlite:///mlflow.db\n")
     return commit_all(path)
 
 
 PROJECT = ("nplm_repro", "conf", "sweeps", "pyproject.toml", "README.md")  # what `pip install .` builds
 
 
-def checkout(path: Path) -> str:
-    """A checkout of this project's code as it is now (the tracked files of PROJECT, as the work tree has them), with
-    a tracked `conf.yaml` and `.venv/` ignored, as a checkout's virtualenv is; its commit returned. Outside a git
-    checkout of this project (unpacked from `git archive`) there are no tracked files: the test is skipped."""
+def needs_git_checkout() -> None:
+    """Skip the test outside a git checkout of this project (unpacked from `git archive`): it has no tracked files."""
     top = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     if top.returncode != 0 or Path(top.stdout.strip()) != ROOT:
-        pytest.skip(f"{ROOT} is not a git checkout (a source archive?): its tracked files are what this test installs")
+        pytest.skip(f"{ROOT} is not a git checkout (a source archive?): its tracked files are what this test uses")
+
+
+def checkout(path: Path) -> str:
+    """A checkout of this project's code as it is now (the tracked files of PROJECT, as the work tree has them), with
+    a tracked `conf/local.yaml` (no config names it) and `.venv/` ignored, as a checkout's virtualenv is; its commit
+    returned."""
+    needs_git_checkout()
     path.mkdir()
     git(path, "init", "-q")
     for name in git(ROOT, "ls-files", "--", *PROJECT).splitlines():
@@ -103,7 +109,7 @@ def checkout(path: Path) -> str:
             (path / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, path / name, follow_symlinks=False)
     (path / ".gitignore").write_text(".venv/\n")
-    (path / "conf.yaml").write_text("uri: sqlite:///mlflow.db\n")
+    (path / "conf" / "local.yaml").write_text("uri: sqlite:///mlflow.db\n")
     return commit_all(path)
 
 
@@ -118,7 +124,7 @@ def test_code_state_is_the_commit_and_what_a_dirty_tree_adds_to_it(tmp_path: Pat
     repo = tmp_path / "repo"
     commit = throwaway_repo(repo)
     assert code_state(repo / "pkg") == (commit, "")
-    (repo / "conf.yaml").write_text(CHANGE)
+    (repo / "conf" / "local.yaml").write_text(CHANGE)
     state, diff = code_state(repo / "pkg")
     assert state == f"{commit}+dirty" and f"+{CHANGE}" in diff and diff == git(repo, "diff", "HEAD", "--binary")
     (repo / "untracked.txt").write_text("not code\n")  # untracked files are not part of the code, as before
@@ -128,6 +134,32 @@ def test_code_state_is_the_commit_and_what_a_dirty_tree_adds_to_it(tmp_path: Pat
     assert code_state(elsewhere) == ("unknown", "")
 
 
+def changed_files(diff: str) -> set[str]:
+    """The files a `git diff` changes, as paths from the repository's top."""
+    return {line.split(" b/", 1)[1] for line in diff.splitlines() if line.startswith("diff --git a/")}
+
+
+def test_the_code_is_the_package_its_configs_and_studies_not_the_reports_it_writes(tmp_path: Path) -> None:
+    """The README's quickstart rewrites the tracked reports/quickstart.*: its later runs are of the same code, so not
+    '+dirty'. A change to the package, conf/, sweeps/ or pyproject.toml is, and the diff holds only those files."""
+    needs_git_checkout()
+    repo = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(ROOT), str(repo))
+    commit, package = git(repo, "rev-parse", "HEAD").strip(), repo / "nplm_repro"
+    (repo / "reports" / "quickstart.md").write_text("# rewritten by the quickstart\n")
+    (repo / "reports" / "quickstart_claims.png").write_bytes(bytes(range(256)))
+    (repo / "README.md").write_text("edited\n")
+    assert code_state(package) == (commit, "")
+    for code in ("nplm_repro/__init__.py", "conf/config.yaml", "sweeps/quickstart.yaml", "pyproject.toml"):
+        with open(repo / code, "a") as f:
+            f.write("# changed\n")
+        state, diff = code_state(package)
+        assert state == f"{commit}+dirty" and changed_files(diff) == {code}, diff[:2000]
+        git(repo, "checkout", "--", code)
+    (package / "new_module.py").write_text("untracked = True\n")  # untracked files are not part of the code
+    assert code_state(package) == (commit, "")
+
+
 def test_a_package_installed_inside_a_checkout_is_its_version_not_the_checkouts_commit(tmp_path: Path) -> None:
     """`pip install .` into a virtualenv inside a checkout: git, run in the installed package's folder, finds the
     checkout around it (ignored folder and all), but its HEAD and diff are not the code that runs. The run records
@@ -135,7 +167,7 @@ def test_a_package_installed_inside_a_checkout_is_its_version_not_the_checkouts_
     project = tmp_path / "checkout"
     commit = checkout(project)
     package = pip_install(project, project / ".venv" / "lib" / "site-packages")
-    (project / "conf.yaml").write_text(CHANGE)  # the checkout is dirty
+    (project / "conf" / "local.yaml").write_text(CHANGE)  # the checkout is dirty
     assert git(package, "rev-parse", "HEAD").strip() == commit  # the trap: git sees the checkout from there
     version = importlib.metadata.version("nplm-repro")
     assert code_state(package) == (f"nplm-repro {version} (installed from {project.as_uri()})", "")
@@ -145,7 +177,7 @@ def test_a_package_installed_inside_a_checkout_is_its_version_not_the_checkouts_
 def test_a_run_from_a_dirty_tree_keeps_its_diff(brown_path: Path, tmp_path: Path) -> None:
     project = tmp_path / "checkout"
     commit = checkout(project)
-    (project / "conf.yaml").write_text(CHANGE)
+    (project / "conf" / "local.yaml").write_text(CHANGE)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(project)}
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [f"data.path={brown_path}", *SLICE, "experiment=kn3", f"tracking.uri={uri}"]
@@ -168,7 +200,7 @@ def test_a_run_of_the_installed_package_in_a_dirty_checkout_records_its_version(
     project = tmp_path / "checkout"
     checkout(project)
     site = pip_install(project, project / ".venv" / "lib" / "site-packages").parent
-    (project / "conf.yaml").write_text(CHANGE)
+    (project / "conf" / "local.yaml").write_text(CHANGE)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(site)}
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = [f"data.path={TINY_BROWN}", *data_slice(5_000, 1_000, 1_000), "experiment=kn3", f"tracking.uri={uri}"]

@@ -7,6 +7,7 @@ to put rows in every state: several seeds, RUNNING, FAILED, two configurations, 
 
 import functools
 import json
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import Report, build
 from nplm_repro.studies import declaration
 from nplm_repro.tracking import ledger
+from nplm_repro.tracking.best import row_run
 from nplm_repro.tracking.records import flat_params
 
 TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
@@ -924,3 +926,27 @@ def test_the_total_time_counts_the_mlp_a_mixed_row_mixes_when_it_is_no_row_itsel
         "Wall time per run, mean over seeds: MLP10 1 s, Del. Int. 1 s. Total 1.5 min of wall time; 1.5 min of CPU "
         "time (wall time x torch threads), with the 1 MLP run the mixed rows mix."
     )
+
+
+def test_a_finished_run_with_an_infinite_perplexity_is_a_failed_row_never_a_number(
+    empty_store: Path, tmp_path: Path
+) -> None:
+    """A diverged run recorded FINISHED (as versions that did not check perplexities recorded them): MLflow's SQL store
+    keeps its inf as 1.7976931348623157e308. The report shows the row failed, lists the run as diverged, and prints
+    neither inf nor that number anywhere; the study's best run is another."""
+    uri = store_in(tmp_path, empty_store)
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(tmp_path / "mlruns"))
+    log_run(client, brown, ("experiment=mlp1",), 1, ppl=(180, 280, 260))
+    diverged = log_run(client, brown, ("experiment=mlp9",), 2, ppl=(float("inf"), float("inf"), float("inf")))
+    stored = client.get_run(diverged).data.metrics["valid_ppl"]
+    assert stored in (float("inf"), sys.float_info.max)  # the number a report once printed as 1.79769e+308
+    report = build(uri, "brown", "brown_table1")
+    assert row(report, "MLP9")["status"] == "failed" and np.isnan(row(report, "MLP9")["test_ppl"])
+    assert list(report.failed["run_id"]) == [diverged]
+    md = render.markdown(report, [])
+    assert "DIVERGED" in md
+    for text in (md, render.latex(report), render.csv_table(report).to_csv()):
+        assert not re.search(r"\binf\b|1\.79769|e\+308", text, re.IGNORECASE)
+    with pytest.raises(NplmError, match="no FINISHED run of row 'MLP9'"):
+        row_run(uri, "brown", "brown_table1", "MLP9")

@@ -56,6 +56,25 @@ def test_a_plain_text_is_cut_as_brown_is_and_what_was_counted_is_printed(
     assert unknown == "<unk> words, the 2 most frequent of 2: Zorblax's 1, Zorblax 1"
 
 
+def test_invisible_characters_in_a_text_are_no_tokens(mlp: Run, tmp_path: Path, score: Callable[..., Done]) -> None:
+    """Zero-width joiners inside an emoji family, an emoji's presentation selector (U+FE0F), a zero-width space and a
+    soft hyphen inside a word, a BOM: each was a token of its own, `<unk>`, or cut a word in two."""
+    workdir, uri, run_id = mlp
+    text = tmp_path / "emoji.txt"
+    text.write_text(
+        "\ufeffThe jury \U0001f468\u200d\U0001f469\u200d\U0001f467 said \u2764\ufe0f\u2764\ufe0f, in\u200bto "
+        "the elec\u00adtion.\n"
+    )
+    per_token = tmp_path / "emoji.tsv"
+    done = score(workdir, run_id, "--tracking-uri", uri, "--text", str(text), "--per-token", str(per_token))
+    assert done.returncode == 0, done.stderr
+    tokens = [r["token"] for r in csv.DictReader(per_token.open(), delimiter="\t")]
+    assert tokens == "The jury <unk> <unk> <unk> said <unk> <unk> , into the election . <eop> <eot>".split()
+    assert "text emoji.txt: 15 tokens, 5 <unk> (33.33%)" in done.stdout
+    unknown = "<unk> words, the 4 most frequent of 4: \u2764 2, \U0001f468 1, \U0001f469 1, \U0001f467 1"
+    assert done.stdout.strip().split("\n")[-1] == unknown
+
+
 def test_tokens_and_brown_files_are_read_as_they_are(mlp: Run, tmp_path: Path, score: Callable[..., Done]) -> None:
     workdir, uri, run_id = mlp
     tokens, tagged = tmp_path / "tokens.txt", tmp_path / "tagged.txt"

@@ -6,15 +6,25 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT, SWEEPS, composed, composed_study, run_script
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.cli import study_form
 from nplm_repro.errors import NplmError
-from nplm_repro.studies import KNOWN, declaration, study_file
+from nplm_repro.studies import (
+    CLAIM_KINDS,
+    KNOWN,
+    check_claimed_rows,
+    claimed_rows,
+    declaration,
+    row_name,
+    study_file,
+)
 from nplm_repro.tracking.keys import config_key, model_key
+from nplm_repro.tracking.study_rows import study_rows
+from nplm_repro.tracking.sweep import check_declaration
 
 STUDIES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 
@@ -177,3 +187,40 @@ def test_a_declaration_with_a_key_the_engine_does_not_know_is_one_clear_error(tm
 def test_every_study_file_declares_what_the_engine_knows(study: str) -> None:
     spec = declaration(study)
     assert set(spec) <= KNOWN and spec["notes"], spec
+
+
+def test_the_kinds_of_claim_a_study_may_declare_are_those_the_engine_checks() -> None:
+    from nplm_repro.reporting.claims import PER_SEED
+
+    assert set(CLAIM_KINDS) == {"better", "equivalent", *PER_SEED}
+
+
+@pytest.mark.parametrize("study", [*STUDIES, "m100"])
+def test_every_study_claims_only_rows_its_jobs_give(study: str) -> None:
+    """The checks a sweep (`check_declaration`) and nplm-report (`study_rows`) make before anything else accept
+    every study committed, docs/studies.md's own too, and know the rows of each whose claims name some
+    (`{best_of: [...]}` names none)."""
+    path = EXAMPLES / "study" / "m100.yaml" if study == "m100" else None
+    spec = study_file(path)[1] if path else declaration(study)
+    rows = study_rows(study, path, study)
+    check_claimed_rows(spec, rows, study)
+    if claimed_rows(spec):
+        assert rows is not None and {row_name(label) for _, label in claimed_rows(spec)} <= rows
+    search = [f"hydra.searchpath=[file://{EXAMPLES}]"] if path else []
+    with initialize_config_module(config_module="nplm_repro.conf", version_base="1.3"):
+        check_declaration(compose("config", overrides=[*search, f"study={study}"], return_hydra_config=True))
+
+
+@pytest.mark.parametrize(
+    "label,name",
+    [
+        ("MLP5", "MLP5"),
+        ("Del. Int.", "Del. Int."),
+        ("LSTM + MLP9 + trigram", "LSTM + MLP9 + trigram"),
+        ("Kneser-Ney back-off n=3", "Kneser-Ney back-off"),
+        ("MLP n=5 h=50 m=30 direct=no mix=no", "MLP"),
+        ("MLP5 model.output=energy trainer.precision=32-true", "MLP5"),
+    ],
+)
+def test_a_claims_label_names_its_row_less_the_knobs_that_tell_its_configurations_apart(label: str, name: str) -> None:
+    assert row_name(label) == name

@@ -105,3 +105,97 @@ def test_a_sweep_whose_report_cannot_be_written_at_its_end_fails(tiny_brown_path
     again = runs[runs["tags.sweep"] == "true"].iloc[0]
     assert again["run_id"] == parent["run_id"] and again["status"] == "FINISHED" and pd.isna(again.get("tags.error"))
     assert (report / "brown_table1.md").is_file()
+
+
+# A study of one's own (docs/studies.md), outside sweeps/: DIR/study/mine.yaml, run with hydra.searchpath=[file://DIR]
+MINE = """\
+# @package _global_
+study: mine
+report: reports
+reporting:
+{reporting}
+hydra:
+  mode: MULTIRUN
+  sweeper:
+    params:
+      experiment: kn3,del_int
+"""
+
+
+def own_study(tmp_path: Path, text: str) -> Path:
+    """`text` as the study file DIR/study/mine.yaml; its path (DIR is its folder's parent)."""
+    path = tmp_path / "studies" / "study" / "mine.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
+
+
+def refusals(tmp_path: Path, tiny_brown_path: Path, path: Path) -> tuple[str, str]:
+    """What `nplm-train -m study=mine` and `nplm-report --study FILE` say of the study file at `path`: each the one
+    line of a refusal (exit 2), without its `prog: error: `; neither leaves a store or a report behind."""
+    said = []
+    for prog, args in (
+        ("nplm-train", ["-m", f"hydra.searchpath=[file://{path.parent.parent}]", "study=mine", *TINY]),
+        ("nplm-report", ["--study", str(path), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]),
+    ):
+        store = [f"data.path={tiny_brown_path}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]
+        result = run_script(prog, *args, *(store if prog == "nplm-train" else []), cwd=tmp_path, timeout=120)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+        assert lines[0].startswith(f"{prog}: error: ")
+        said.append(lines[0].removeprefix(f"{prog}: error: "))
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "reports").exists()
+    return said[0], said[1]
+
+
+@pytest.mark.parametrize(
+    "text,line,problem",
+    [  # PyYAML's words; the line of the problem, as an editor counts them
+        (MINE.format(reporting="  claims: [\n  - claim: x"), 6, "expected the node content, but found '-'"),
+        ("# @package _global_\nstudy: mine\nstudy: mine\n", 3, "found duplicate key study"),
+    ],
+    ids=["malformed", "duplicate_key"],
+)
+def test_a_study_file_that_is_not_yaml_is_one_line_naming_the_file_and_the_line(
+    text: str, line: int, problem: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """nplm-train exited 1 with `ParserError: while parsing a flow node` (or `ConstructorError: while constructing a
+    mapping`), naming neither the file nor the line; nplm-report named the file only, and read a key given twice as
+    its last value."""
+    path = own_study(tmp_path, text)
+    train, report = refusals(tmp_path, tiny_brown_path, path)
+    assert train == report
+    assert train.startswith(f"{path}, line {line}: not valid YAML: {problem}"), train
+
+
+@pytest.mark.parametrize(
+    "reporting,said",
+    [
+        ("  colour: red", "`reporting` has unknown keys colour (known: "),
+        (
+            "  claims:\n  - claim: Kneser-Ney beats Del. Int.\n    bigger: [[Del. Int., Kneser-Ney back-off n=3]]",
+            (
+                "claim 'Kneser-Ney beats Del. Int.' has an unknown kind bigger (kinds: better, equivalent, more, "
+                "faster; beside them: claim, by, margin)"
+            ),
+        ),
+        (
+            "  claims:\n  - claim: MLP5 beats Del. Int.\n    better: [[Del. Int., MLP5]]",
+            (
+                "claim 'MLP5 beats Del. Int.' is on row 'MLP5', which no job of the study gives (its rows: Del. Int., "
+                "Kneser-Ney back-off)"
+            ),
+        ),
+    ],
+    ids=["unknown_key", "unknown_kind", "unknown_row"],
+)
+def test_a_declaration_its_report_cannot_apply_is_refused_before_any_job(
+    reporting: str, said: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """Each was found only by the report: an unknown key once every job had run (a warning, no report, exit 0), a
+    mistyped kind of claim or a row no job gives as a claim "not measured" (exit 0), in the sweep's report and
+    nplm-report's alike."""
+    path = own_study(tmp_path, MINE.format(reporting=reporting))
+    train, report = refusals(tmp_path, tiny_brown_path, path)
+    assert train.startswith(f"study=mine: {said}"), train
+    assert report.startswith(f"{path}: {said}"), report

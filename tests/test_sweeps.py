@@ -130,6 +130,45 @@ def test_a_failed_parallel_job_says_why_and_where_its_output_is(tiny_brown_path:
     )
 
 
+def test_every_failed_job_of_the_basic_launcher_is_named_as_the_parallel_ones_are(
+    tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """A row that fails only once it runs (Kneser-Ney of order 12 on 5,000 words), then a mixture of that row:
+    Hydra's basic launcher said only the first error, for the sweep, and nothing of the mixture's."""
+    experiments = tmp_path / "own" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "kn12.yaml").write_text("# @package _global_\ndefaults:\n  - /experiment/kn3\nmodel:\n  n: 12\n")
+    (experiments / "kn12_trigram.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /model: mixture\nrow: KN12 + trigram\n"
+        "model:\n  components: [Kneser-Ney back-off, Del. Int.]\n"
+    )
+    overrides = ["hydra/launcher=basic", f"hydra.searchpath=[file://{tmp_path / 'own'}]"]
+    overrides += [
+        f"data.path={tiny_brown_path}",
+        *TINY_SLICE,
+        "experiment=kn12,del_int,kn12_trigram",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+    ]
+    result = run_script("nplm-train", "-m", *overrides, cwd=tmp_path)
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    why = "Kneser-Ney order 12: count-of-counts n1..n4 = "
+    lines = result.stderr.splitlines()
+    named = [line for line in lines if line.startswith("job ")]
+    assert len(named) == 2, result.stderr[-3000:]
+    assert named[0].startswith(f"job 0 (Kneser-Ney back-off) failed: {why}"), named
+    assert named[0].endswith(f"; its log: {sweep / '0' / 'train.log'}")
+    failed = (
+        "model.components: no finished run of row 'Kneser-Ney back-off' with seed 1 in study (none) on this data: "
+        "its run failed, so this mixture fails with it"
+    )
+    assert named[1] == f"job 2 (KN12 + trigram) failed: {failed}; its log: {sweep / '2' / 'train.log'}"
+    assert result.returncode == 2 and lines[-1].startswith(f"nplm-train: error: {why}")
+    # the mixture has a FAILED run of its own, so reports list its row as failed, not as missing
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    found = client.search_runs([client.get_experiment_by_name("brown").experiment_id], "tags.row = 'KN12 + trigram'")
+    assert [(r.info.status, r.data.tags["error"]) for r in found] == [("FAILED", failed)]
+
+
 @pytest.mark.slow
 def test_one_parent_run_per_sweep_with_every_job_nested(table: tuple[Path, str, list[str]]) -> None:
     workdir, uri, _ = table

@@ -164,6 +164,20 @@ def test_undecodable_text_names_the_file_and_byte_offset(tmp_path: Path) -> None
     )
 
 
+def test_invisible_characters_are_dropped_as_a_corpus_is_read(tmp_path: Path) -> None:
+    """A zero-width joiner, a zero-width space, a soft hyphen, a BOM inside a file and a variation selector (U+FE0F)
+    each read as a word type of its own, or cut a word: the corpus reads as it would without them, its fingerprint
+    too."""
+    invisible = "Fam\u00adily \U0001f468\u200d\U0001f469 met in a data\u200bbase \u2764\ufe0f .\n\ufeffThey met .\n"
+    seen = "Family \U0001f468\U0001f469 met in a database \u2764 .\nThey met .\n"
+    how = {"vocab_from": "stream", "train": 10, "valid": 2}
+    for encoding in ("utf-8", "utf-16"):
+        read = prepare_text(str(write(tmp_path / "a.txt", invisible.encode(encoding))), encoding=encoding, **how)
+        plain = prepare_text(str(write(tmp_path / "b.txt", seen.encode(encoding))), encoding=encoding, **how)
+        assert words(read) == words(plain) and read.fingerprint == plain.fingerprint
+    assert words(read)[:8] == ["Family", "\U0001f468", "\U0001f469", "met", "in", "a", "database", "\u2764"]
+
+
 @pytest.mark.parametrize(
     "encoding,raw,at",
     [

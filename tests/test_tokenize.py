@@ -8,6 +8,7 @@ import re
 import zipfile
 from difflib import SequenceMatcher
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import CONF
@@ -16,6 +17,7 @@ from omegaconf import OmegaConf
 from nplm_repro.data.brown import read_brown
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT
 from nplm_repro.data.plain import BROWN_FORMS, brown_forms, brown_words, read_text
+from nplm_repro.data.text import drop_invisible
 from nplm_repro.errors import NplmError
 
 BROWN = OmegaConf.load(CONF / "data" / "brown.yaml")
@@ -42,6 +44,27 @@ GLUED_RIGHT = {"``", "(", "[", "--"}  # written without a space after
 )
 def test_plain_text_is_cut_as_brown_is(text: str, tokens: str) -> None:
     assert brown_words(text) == tokens.split()
+
+
+# Invisible characters, each of which read as a token of its own (or cut a word in two): an emoji family joined by
+# zero-width joiners, an emoji's presentation selector, a zero-width space and a soft hyphen inside words, a byte
+# order mark and a word joiner between words, a supplementary variation selector.
+INVISIBLE = (
+    "Family time \U0001f468\u200d\U0001f469\u200d\U0001f467 is the best \u2764\ufe0f, a data\u200bbase we "
+    "co\u00adoperate on.\n\n\ufeffYes\u2060 we do\U000e0100.\n"
+)
+SEEN = "Family time \U0001f468\U0001f469\U0001f467 is the best \u2764, a database we cooperate on.\n\nYes we do.\n"
+
+
+@pytest.mark.parametrize("tokenized", [False, True], ids=["plain", "tokenized"])
+@pytest.mark.parametrize("data", [BROWN, TEXT], ids=["brown", "text"])
+def test_invisible_characters_are_no_tokens(data: Any, tokenized: bool) -> None:
+    """Unicode's format characters (zero-width joiner and space, soft hyphen, BOM, ...) and variation selectors
+    only join, break or colour what is written: a text reads as it would without them."""
+    assert drop_invisible(INVISIBLE) == SEEN
+    assert read_text(INVISIBLE, data, "t", tokenized) == read_text(SEEN, data, "t", tokenized)
+    if data is BROWN and not tokenized:
+        assert read_text(INVISIBLE, data, "t")[:11] == "Family time 👨 👩 👧 is the best ❤ , a".split()
 
 
 def test_the_forms_kept_whole_are_what_brown_gives(brown_path: Path) -> None:

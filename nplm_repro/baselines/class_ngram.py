@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +33,9 @@ import torch
 from nplm_repro.baselines.ngram import SRILM_MIN_COUNTS, KneserNey, NgramModel
 from nplm_repro.data.clustering import METHODS, cluster_words
 from nplm_repro.data.corpus import END_OF_TEXT, Corpus
+from nplm_repro.data.splits import Sizes
 from nplm_repro.errors import NplmError
+from nplm_repro.rules import Rule, at_least, one_of
 
 UNSEEN_CLASS = "<unseen>"
 
@@ -48,6 +51,23 @@ class ClassBackoff(NgramModel):
 
     family = "class_based"
     label = "class-based back-off"
+
+    @classmethod
+    def rules(cls, cfg: Any) -> dict[str, Rule]:
+        return super().rules(cfg) | {
+            "model.c": at_least(1),
+            "model.method": one_of(*METHODS),
+            "model.max_passes": at_least(0),
+        }
+
+    @classmethod
+    def check_sizes(cls, cfg: Any, sizes: Sizes) -> None:
+        """The classes are of the training split's words (data/clustering.py): at most one a word."""
+        if sizes.words is not None and cfg.model.c > sizes.words:
+            raise NplmError(
+                f"model.c={cfg.model.c} is more classes than the training split has distinct words ({sizes.words:,}): "
+                f"expected an integer from 1 to {sizes.words:,}"
+            )
 
     def __init__(
         self,

@@ -10,6 +10,7 @@ arithmetic on its kept score of every validation and test token (nplm_repro/scor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,6 +96,12 @@ def mix_with_trigram(cfg: DictConfig, corpus: Corpus, logger: Logger, mlp: Score
     return metrics, Scores.of(corpus.text_names(), kept, {s: corpus.text_ids(s) for s in kept})
 
 
+def param_name(row: str) -> str:
+    """A row's name as MLflow takes it in a parameter's name (letters, digits, _ - . / : and spaces): a mixed row's
+    `+` is spelled `plus` ("LSTM + trigram" -> "LSTM plus trigram"), anything else outside those becomes `_`."""
+    return re.sub(r"[^\w\-./: ]", "_", row.replace("+", "plus"))
+
+
 class Mixture:
     """`model=mixture`: any finished rows of the same study mixed, P = sum_k lambda_k(q_t) P_k, by their kept scores.
 
@@ -125,7 +132,10 @@ class Mixture:
 
     @classmethod
     def check(cls, cfg: Any) -> None:
-        """Nothing across keys: its components are found when it runs."""
+        """A row cannot mix itself (its components are found when it runs: a cycle through other rows is the sweep's
+        to refuse, which sees every row, tracking/sweep.py)."""
+        if cfg.get("row") in cfg.model.components:
+            raise NplmError(f"model.components names row {cfg.row!r}, the row itself: a mixture cannot mix itself")
 
     @classmethod
     def mixes(cls, cfg: Any) -> bool:
@@ -157,7 +167,7 @@ class Mixture:
             mean = (self.weights * counts[:, None]).sum(0) / max(counts.sum(), 1)
         else:
             mean = self.weights[0]
-        return info | {f"lambda.{name}": round(float(w), 4) for name, w in zip(self.components, mean)}
+        return info | {f"lambda.{param_name(name)}": round(float(w), 4) for name, w in zip(self.components, mean)}
 
 
 def context_bins(corpus: Corpus, splits: Sequence[str]) -> tuple[dict[str, np.ndarray], int]:

@@ -184,7 +184,7 @@ def starting_classes(ids: np.ndarray, vocab_size: int, c: int) -> np.ndarray:
     seen = np.flatnonzero(counts)
     if not 1 <= c <= len(seen):
         raise NplmError(
-            f"model.c={c}: the training split has {len(seen):,} distinct words; c must be in 1..{len(seen):,}"
+            f"{c} classes of {len(seen):,} distinct words: the number of classes must be in 1..{len(seen):,}"
         )
     classes = np.full(vocab_size, -1, dtype=np.int64)
     classes[seen[np.lexsort((seen, -counts[seen]))]] = np.minimum(np.arange(len(seen)), c - 1)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from nplm_repro.data.splits import SPLITS
+from nplm_repro.data.splits import SPLITS, Sizes
 from nplm_repro.errors import NplmError
 
 END_OF_PARAGRAPH = "<eop>"
@@ -64,6 +64,12 @@ class Corpus:
     def size(self, split: str) -> int:
         start, end = self.bounds[split]
         return end - start
+
+    def sizes(self) -> Sizes:
+        """The training split's tokens and distinct words: what a job's values are checked against once the corpus
+        is read, before the store is opened (config_checks.check_sizes)."""
+        start, end = self.bounds["train"]
+        return Sizes(end - start, int(torch.unique(self.ids[start:end]).numel()), read=True)
 
     @property
     def fingerprint(self) -> str:

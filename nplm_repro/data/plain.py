@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from nplm_repro.data.brown import brown_text, read_brown
 from nplm_repro.data.brown_forms import BROWN_FORMS
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, split_paragraphs
-from nplm_repro.data.text import TAGGED, read_text_tokens
+from nplm_repro.data.text import TAGGED, drop_invisible, read_text_tokens
 from nplm_repro.errors import NplmError
 
 if TYPE_CHECKING:
@@ -140,11 +140,13 @@ def read_text(text: str, data: Any, name: str, tokenized: bool = False) -> list[
     """A user's text as a run on `data` (its data config) reads its corpus, its paragraphs (blocks of non-blank
     lines) marked as the corpus marks them and `<eot>` at its end. With `tokenized`, whitespace-separated tokens
     read as they are; else on Brown, a text in Brown's word/TAG format as Brown's own texts are read, plain text
-    cut by `brown_words`; on a text corpus, the run's reader and preprocessing. `name` says what the text is in
-    errors (a NUL: binary data, not text)."""
+    cut by `brown_words`; on a text corpus, the run's reader and preprocessing. Invisible characters (zero-width
+    joiners, variation selectors, a BOM, ...) are dropped first, as from the corpus's own files (text.py's
+    `drop_invisible`). `name` says what the text is in errors (a NUL: binary data, not text)."""
     if "\x00" in text:
         at = len(text[: text.index("\x00")].encode())
         raise NplmError(f"{name} has a NUL byte at byte {at}: binary data, not text")
+    text = drop_invisible(text)
     brown = data.corpus == "brown"
     lines = text.splitlines()
     if tokenized:

@@ -2,12 +2,12 @@
 
 Reading. `data.path` is a file, a directory (every file below it, hidden ones skipped) or a `.zip`; files are
 read in sorted order of their path, and `members` keeps only those whose path (relative to the directory, or
-inside the zip) starts with it, e.g. `treebank/raw/wsj_`. Text is UTF-8 (or `encoding`). Each file is one
-text, `<eot>` after it; with `paragraphs` on, `<eop>` after each block of non-blank lines (as in Brown). Lines
-equal to one of `drop_lines` are skipped (`.START`, the first line of the Penn Treebank's raw files). A file
-whose every item is `word/TAG` (Brown, the Treebank's `.pos`, whose `[ ]` chunk brackets and `===` lines are
-skipped) is tagged (`tags: auto`): its words are kept as they are and its tags name the proper nouns; any other
-file is cut by `tokenize`.
+inside the zip) starts with it, e.g. `treebank/raw/wsj_`. Text is UTF-8 (or `encoding`), its invisible characters
+dropped (`drop_invisible`). Each file is one text, `<eot>` after it; with `paragraphs` on, `<eop>` after each
+block of non-blank lines (as in Brown). Lines equal to one of `drop_lines` are skipped (`.START`, the first line of
+the Penn Treebank's raw files). A file whose every item is `word/TAG` (Brown, the Treebank's `.pos`, whose `[ ]`
+chunk brackets and `===` lines are skipped) is tagged (`tags: auto`): its words are kept as they are and its tags
+name the proper nouns; any other file is cut by `tokenize`.
 
 Preprocessing, each step switchable, in this order (the paper lists them without an order):
 1. `numbers`: whole-token numeric forms become symbols (`NUMBERS`: years, ordinals, fractions, decimals,
@@ -28,11 +28,12 @@ from __future__ import annotations
 import codecs
 import logging
 import re
+import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,28 @@ def _read_text(stream: Stream, name: str, text: str, tags: str | bool, paragraph
     stream.add(END_OF_TEXT)
 
 
+# Variation selectors (category Mn): they choose a glyph of the character before them (U+FE0F, an emoji's colour
+# form), never a letter of their own.
+VARIATION_SELECTORS = "\ufe00-\ufe0f\U000e0100-\U000e01ef"
+
+
+@cache
+def _invisible() -> re.Pattern[str]:
+    """Unicode's format characters (category Cf, in the Unicode version of this Python) and VARIATION_SELECTORS, as
+    one character class; built at the first text that is not ASCII (a tenth of a second)."""
+    formats = (chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
+    return re.compile(f"[{''.join(map(re.escape, formats))}{VARIATION_SELECTORS}]")
+
+
+def drop_invisible(text: str) -> str:
+    """`text` without the characters that only join, break or colour what is written: the format characters (zero-
+    width joiner and space, soft hyphen, byte order mark, word joiner, direction marks) and variation selectors.
+    Kept, each is a token of its own (`<unk>`) or cuts a word in two (a soft hyphen inside one). Every text is read
+    through it: a corpus's files (`decode`) and a user's text (plain.py's `read_text`). Brown, ASCII, has none: its
+    tokens and fingerprint are as before."""
+    return text if text.isascii() else _invisible().sub("", text)
+
+
 def source_files(path: Path, members: str | None) -> list[tuple[str, bytes]]:
     """(name, raw bytes) of a plain file, or of every file of a directory or zip whose path inside it starts with
     `members`, sorted by that path."""
@@ -180,8 +203,9 @@ def source_path(path: str, key: str) -> Path:
 
 
 def decode(name: str, raw: bytes, encoding: str) -> str:
-    """A file's text; bytes that are not text in `encoding`, or a NUL (binary data, or text in another encoding,
-    which would become a word of its own) are one NplmError with the file and byte offset."""
+    """A file's text, its invisible characters (a byte order mark among them) dropped (`drop_invisible`); bytes that
+    are not text in `encoding`, or a NUL (binary data, or text in another encoding, which would become a word of its
+    own) are one NplmError with the file and byte offset."""
     try:
         text = raw.decode(encoding)
     except UnicodeDecodeError as error:
@@ -194,7 +218,7 @@ def decode(name: str, raw: bytes, encoding: str) -> str:
             f"{name} has a NUL character at byte {at}: not {encoding} text; fix the file or set data.encoding "
             "(e.g. utf-16)"
         )
-    return text.removeprefix("\ufeff")
+    return drop_invisible(text)
 
 
 def read_source(path: str, key: str, members: str | None, encoding: str, **how: Any) -> Stream:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -36,7 +37,7 @@ from torch.nn import functional as F
 
 from nplm_repro.data.clustering import OUTPUT_METHODS, output_classes
 from nplm_repro.data.corpus import Corpus
-from nplm_repro.data.splits import SPLITS
+from nplm_repro.data.splits import SPLITS, Sizes
 from nplm_repro.data.streams import StreamBatches
 from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
@@ -82,6 +83,16 @@ SAMPLED: dict[str, Rule] = {
 }
 
 
+# A mean loss (nats a token) whose perplexity exp(loss) overflows float64: a model this far off is no model, and its
+# perplexity would be recorded as inf (which MLflow's SQL store keeps as 1.8e308). Far above any loss of a model that
+# learns: the uniform distribution over Brown's vocabulary has ln |V| = 9.8.
+LOSS_LIMIT = math.log(sys.float_info.max)
+DIVERGED = "the model diverged (try a smaller optim.lr)"
+
+
+RNG_KEY = "nplm_rng_states"  # the checkpoint's entry for the random generators (`on_save_checkpoint`)
+
+
 class LanguageModule(L.LightningModule):
     """What every trained family's LightningModule shares, and what its callers ask of it.
 
@@ -99,6 +110,7 @@ class LanguageModule(L.LightningModule):
     evaluated = SPLITS  # the splits a run scores at its end (a slow scorer leaves out train, which no report needs)
     optim: dict[str, Any]
     _slots: list[int] | None = None
+    _resumed_rng: dict[str, Any] | None = None  # the generators' states a checkpoint brought, until training starts
 
     def score_as(self, splits: Sequence[str]) -> None:
         """`Trainer.test`'s dataloader i is split `splits[i]` (its perplexity is logged under that name); a span that is
@@ -150,13 +162,31 @@ class LanguageModule(L.LightningModule):
             self.log("train_loss_step", loss)
 
     def _check_finite(self, loss: torch.Tensor) -> None:
-        if not torch.isfinite(loss):
+        """A loss past LOSS_LIMIT has diverged as surely as a NaN: its perplexity is no float64 number."""
+        if not torch.isfinite(loss) or loss.item() > LOSS_LIMIT:
             raise NplmError(
-                f"training loss is {loss.item()} at epoch {self.current_epoch}, step {self.global_step}: "
-                "the model diverged (try a smaller optim.lr)"
+                f"training loss is {loss.item():.4g} at epoch {self.current_epoch}, step {self.global_step}: {DIVERGED}"
             )
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The random generators' states, as the next epoch would start from them: dropout's masks and the sampled
+        output layer's draws come from torch's global generator, so a run resumed from this checkpoint draws what
+        the run that never stopped drew (Lightning's own checkpoints keep no generator state)."""
+        checkpoint[RNG_KEY] = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            checkpoint[RNG_KEY]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Kept until training starts (`on_train_epoch_start`): Lightning loads the checkpoint before its sanity
+        check of validation, and a test that loads one trains nothing."""
+        self._resumed_rng = checkpoint.get(RNG_KEY)
+
     def on_train_epoch_start(self) -> None:
+        if (states := self._resumed_rng) is not None:
+            torch.set_rng_state(states["cpu"])
+            if "cuda" in states and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(states["cuda"])
+            self._resumed_rng = None
         batches = self.trainer.train_dataloader
         if hasattr(batches, "set_epoch"):  # epoch k's shuffle, also after a resume
             batches.set_epoch(self.current_epoch)
@@ -189,8 +219,9 @@ class LanguageModule(L.LightningModule):
         self._settle()
 
     def on_train_epoch_end(self) -> None:
-        self._check_finite(self._loss_sum)
-        self.log("train_loss_epoch", self._loss_sum / max(self._seen, 1))
+        mean = self._loss_sum / max(self._seen, 1)
+        self._check_finite(mean)
+        self.log("train_loss_epoch", mean)
         self.log("train_tokens_per_s", self.tokens_per_s())
 
     # Exact perplexity: validation_step scores the valid split each epoch; test_step scores any split,
@@ -226,8 +257,13 @@ class LanguageModule(L.LightningModule):
         self._accumulate(batch, SPLITS.index("valid"))
 
     def on_validation_epoch_end(self) -> None:
+        perplexity = self._perplexity(SPLITS.index("valid"))
+        if not self.trainer.sanity_checking and not torch.isfinite(perplexity):
+            raise NplmError(
+                f"validation perplexity is {perplexity.item()} after epoch {self.current_epoch + 1}: {DIVERGED}"
+            )
         # sync_dist: under DDP every process scores the whole split, so the mean of theirs is that number
-        self.log("valid_ppl_epoch", self._perplexity(SPLITS.index("valid")), prog_bar=True, sync_dist=True)
+        self.log("valid_ppl_epoch", perplexity, prog_bar=True, sync_dist=True)
 
     def on_test_epoch_start(self) -> None:
         self._settle()
@@ -287,6 +323,24 @@ class NPLMModule(LanguageModule):
             raise NplmError(
                 "model.output=classes trains exactly (optim=fast or paper): its point is an exact softmax that "
                 "costs |classes| + |class size| rows, not a sampled one"
+            )
+        o = cfg.optim
+        # SparseSGD keeps the log of each step's decay factor, 1 - lr x batch_size x weight_decay (one device)
+        if o.get("output") == "sampled" and o.lr * o.batch_size * o.weight_decay >= 1:
+            raise NplmError(
+                f"optim.lr={o.lr} x optim.batch_size={o.batch_size} x optim.weight_decay={o.weight_decay} = "
+                f"{o.lr * o.batch_size * o.weight_decay:.3g}: sampled training decays the weights by 1 - that "
+                f"product a step, so it must be < 1 (optim.lr < {1 / (o.batch_size * o.weight_decay):.4g} here)"
+            )
+
+    @classmethod
+    def check_sizes(cls, cfg: Any, sizes: Sizes) -> None:
+        """model.output=classes puts the training split's words in classes (data/clustering.py): at most one a word."""
+        classes = cfg.model.get("classes")
+        if cfg.model.get("output") == "classes" and None not in (classes, sizes.words) and classes > sizes.words:
+            raise NplmError(
+                f"model.classes={classes} is more classes than the training split has distinct words "
+                f"({sizes.words:,}): expected an integer from 2 to {sizes.words:,}"
             )
 
     def __init__(

@@ -8,7 +8,8 @@ are always faster in bfloat16, yet a whole step need not be (an H200 trained MLP
 32-true: autocast's casts and launches outweigh small products), so there `auto` times whole training steps of
 the probe's output layer, under bf16 autocast and without, and takes bf16-mixed only if its step is faster (never
 where `torch.cuda.is_bf16_supported` says no). The result is cached per device model and torch version under
-`$NPLM_CACHE/precision/`. The probe never fails a run: if it cannot measure, 32-true.
+`$NPLM_CACHE/precision/`. The probe never fails a run: if it cannot measure, 32-true. bf16-mixed needs a clear lead
+(MARGIN), so that load on the machine during the probe cannot flip the choice.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("32-true", "bf16-mixed")
 DTYPES = {"32-true": torch.float32, "bf16-mixed": torch.bfloat16}
 PROBE = {"batch": 256, "width": 128, "vocab": 4096}  # a small output layer; the ratio is what matters
+# bfloat16 is chosen only where its products are this many times as fast as float32's: where bfloat16 has units it
+# measures 3 to 5 times (docs/performance.md), emulated a quarter or less, so a near-tie is load on the machine, never
+# a reason to round worse; a run's later resumes read its choice from the run (tracking/ledger.py), never the probe.
+MARGIN = 1.5
 
 
 def best_seconds(work: Callable[[], object], repeats: int, sync: Callable[[], object] = lambda: None) -> float:
@@ -158,12 +163,21 @@ def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, s
     except Exception as error:  # noqa: BLE001  the probe must never fail a run: float32 is always right
         log.warning("precision=auto: the probe failed (%s); training in 32-true", error)
         return "32-true", {"precision.auto": f"32-true: probe failed ({type(error).__name__})"}
-    chosen = "bf16-mixed" if rates["bfloat16"] > rates["float32"] else "32-true"
+    chosen = "bf16-mixed" if rates["bfloat16"] > MARGIN * rates["float32"] else "32-true"
     tags = {f"precision.{dtype}_gflops": f"{rate:.1f}" for dtype, rate in rates.items()}
     on = f" on cuda {torch.cuda.get_device_name()} (training steps)" if device == "cuda" else ""
     why = f"{chosen}: bfloat16 {rates['bfloat16']:.1f} against float32 {rates['float32']:.1f} GFLOP/s{on}"
+    why += f" (bf16-mixed where {MARGIN:g} times as fast)"
     log.info("precision=auto -> %s", why)
     return chosen, tags | {"precision.auto": why}
+
+
+def choices(precision: str, output: str | None) -> tuple[str, ...]:
+    """The precisions a job may compute in before the probe has spoken: every one for `auto` (its run may already have
+    resolved it: the ledger reads that from the run), else the one `job_precision` gives without probing."""
+    if precision == "auto" and output != "sampled":
+        return PRECISIONS
+    return ("32-true",) if output == "sampled" else (precision,)
 
 
 def job_precision(precision: str, accelerator: str, output: str | None) -> tuple[str, dict[str, str]]:

@@ -3,8 +3,9 @@ token of a split (the run's kept scores, nplm-score)."""
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.progress import report_status
 from nplm_repro.scores import KEPT_SPLITS, Scores
+
+log = logging.getLogger(__name__)
 
 # How callbacks act, never what a run computes, so no part of its config (nor of its key):
 # - early stopping acts on the validations that happened: Lightning's default would also check at the end of a
@@ -115,6 +118,19 @@ def best_checkpoint(cfg: DictConfig) -> Path | None:
     return path if path.is_file() else None
 
 
+def at_least_one_batch(trainer: DictConfig, **batches: Sized) -> dict[str, Any]:
+    """The trainer's settings, a fraction of a loader's batches (`limit_val_batches=0.25`: optim=sampled watches a
+    quarter of validation) that is less than one batch made one batch, where Lightning would refuse it (`0.25 * 2 <
+    1`): a small split's run then validates on its first batch. `batches`: each limit's key and the loader it cuts."""
+    settings = dict(trainer)
+    for key, loader in batches.items():
+        limit = settings.get(key)
+        if isinstance(limit, float) and 0 < limit < 1 and int(len(loader) * limit) == 0:  # Lightning's rounding
+            log.info("trainer.%s=%s of %d batches is less than one: one batch", key, limit, len(loader))
+            settings[key] = 1
+    return settings
+
+
 def one_device(trainer: DictConfig) -> dict[str, Any]:
     """The trainer's settings on one device of its accelerator: the exact evaluation, whose scores are kept."""
     return {**trainer, "devices": 1, "num_nodes": 1, "strategy": "auto"}
@@ -129,13 +145,11 @@ def train_neural(
     eval_batch = cfg.data.eval_batch_size
     module = build_module(cfg, corpus)
     keep = KeptScores()
-    trainer = L.Trainer(**cfg.trainer, logger=logger, callbacks=[*fit_callbacks(cfg), keep])
-    trainer.fit(
-        module,
-        train_dataloaders=module.batches(corpus, "train", cfg.optim.batch_size, shuffle=True, seed=cfg.seed),
-        val_dataloaders=module.batches(corpus, "valid", eval_batch),
-        ckpt_path=resume_from,
-    )
+    train = module.batches(corpus, "train", cfg.optim.batch_size, shuffle=True, seed=cfg.seed)
+    valid = module.batches(corpus, "valid", eval_batch)
+    settings = at_least_one_batch(cfg.trainer, limit_train_batches=train, limit_val_batches=valid)
+    trainer = L.Trainer(**settings, logger=logger, callbacks=[*fit_callbacks(cfg), keep])
+    trainer.fit(module, train_dataloaders=train, val_dataloaders=valid, ckpt_path=resume_from)
     # the report's costs, read before `test` restores the best checkpoint (and with it the Timer's past time):
     # epochs trained and seconds in fit (training and validation), across resumes
     timer = next(c for c in trainer.callbacks if isinstance(c, Timer))

@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.splits import Sizes
 from nplm_repro.data.streams import StreamBatches
 from nplm_repro.errors import NplmError
 from nplm_repro.models.sequence import SequenceModule, stream_loader
@@ -55,6 +56,15 @@ class TransformerModule(SequenceModule):
     def check(cls, cfg: Any) -> None:
         if cfg.model.width % cfg.model.heads:
             raise NplmError(f"model.width={cfg.model.width} must be a multiple of model.heads={cfg.model.heads}")
+
+    @classmethod
+    def check_sizes(cls, cfg: Any, sizes: Sizes) -> None:
+        """Training reads windows of model.context tokens (data/streams.py Chunks): the split must hold one."""
+        if sizes.train is not None and cfg.model.context > sizes.train:
+            raise NplmError(
+                f"model.context={cfg.model.context} is longer than the training split ({sizes.train_said()}): "
+                "training reads windows of model.context tokens"
+            )
 
     def __init__(
         self,

@@ -21,7 +21,8 @@ from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, disp
 from nplm_repro.scores import KEPT_SPLITS
 
 DIRTY_NOTE = (
-    f"Rows marked{DIRTY_MARK} average runs made from a work tree with uncommitted changes (git commit +dirty): "
+    f"Rows marked{DIRTY_MARK} average runs made from code with uncommitted changes (the package, conf/, sweeps/ or "
+    "pyproject.toml; git commit +dirty): "
     "the commit alone does not give their code; runs that recorded the changes keep them as the artifact "
     "git_diff.patch. nplm-report --require-clean leaves such runs out."
 )

@@ -1,7 +1,8 @@
 """What a job's config must hold before it runs, the same for a single run and for each job of a sweep: every value
 in range, naming its key (`check_config`: the common rules, the corpus's, then the model family's own, its `rules`
-and `check`), and the corpus files it names there (`check_corpus`). In tracking, where the sweep checks every job
-before it creates the store and the parent run; checks.py's `check_job` runs them for a single job.
+and `check`), the values against the sizes of the data (`check_sizes`: the split sizes the config gives; the ledger
+asks again with the corpus read) and the corpus files it names there (`check_corpus`). In tracking, where the sweep
+checks every job before it creates the store and the parent run; checks.py's `check_job` runs them for a single job.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from nplm_repro.data.brown import find_brown
 from nplm_repro.data.corpus import open_zip
 from nplm_repro.data.load import CORPORA
+from nplm_repro.data.splits import Sizes
 from nplm_repro.data.text import source_path
 from nplm_repro.errors import NplmError
 from nplm_repro.rules import Rule, at_least, flag, lines, one_of, optional, text
@@ -71,12 +73,23 @@ def check_config(cfg: DictConfig) -> None:
     if OmegaConf.select(cfg, "trainer.fast_dev_run"):
         raise NplmError(FAST_DEV_RUN)
     family.check(cfg)
-    train = cfg.data.split.get("train")  # null for a text corpus cut in proportions: known once it is read
-    if family.trained and train is not None and cfg.optim.batch_size > train:
+    check_sizes(cfg, Sizes(cfg.data.split.get("train")))  # null for a text corpus cut in proportions: read later
+
+
+def check_sizes(cfg: DictConfig, sizes: Sizes) -> None:
+    """The job's values against the sizes of its data, each checked once it is known (a size None is not yet): a
+    trained family's batch is drawn from the training split, then the family's own `check_sizes`, where it has one
+    (a family that needs nothing of the data defines none). `check_config` asks with the sizes the config gives, the
+    ledger again with those of the corpus read, before the store is opened (a text corpus's split sizes and every
+    corpus's words are known only then)."""
+    family = get_class(cfg.model._target_)
+    if family.trained and sizes.train is not None and cfg.optim.batch_size > sizes.train:
         raise NplmError(
-            f"optim.batch_size={cfg.optim.batch_size} is larger than the training split (data.split.train={train}): "
+            f"optim.batch_size={cfg.optim.batch_size} is larger than the training split ({sizes.train_said()}): "
             "a batch is drawn from it"
         )
+    if (family_check := getattr(family, "check_sizes", None)) is not None:
+        family_check(cfg, sizes)
 
 
 def check_corpus(data: DictConfig) -> None:

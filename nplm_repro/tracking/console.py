@@ -5,8 +5,10 @@ on one line. `SweepConsole` (a Hydra callback, conf/config.yaml) sends each such
 warnings and errors, to `output.log` in its job directory, and draws in the launching process one line: jobs done,
 running and failed out of the total, each running job's row and epoch, and the time left. A failed job gets a line
 of its own with its error and its log's path. On a terminal the line is redrawn in place; elsewhere (a CI log, a
-file) a line is written when a job starts or ends. Sweeps of other launchers (Hydra's basic one runs one job at a
-time in this process; SLURM's jobs have their own logs) and searches (Optuna's) keep their output as it is.
+file) a line is written when a job starts or ends. Hydra's basic launcher runs one job at a time in this process,
+its output on the terminal as a single run's: a failed job gets the same line of its own, with its log (Hydra's
+`<job>.log` in its job directory), as every job of the sweep ends, where Hydra would say only the first error.
+SLURM's jobs have their own logs and searches (Optuna's) keep their output as it is.
 
 A job says where it is through its status file (nplm_repro/progress.py): its row when it starts, the epoch it
 trains, whether it waits for another job's MLP, and how it ended.
@@ -22,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import one_line
 from nplm_repro.progress import STATUS_ENV, add_display, read_status, report_status
@@ -34,6 +37,13 @@ OUTPUT_LOG = "output.log"  # in each job's directory: everything the job printed
 STATUS_DIR = ".jobs"  # in the sweep's directory: one status file per job, <job number>.json
 FINAL = ("done", "failed")
 QUICK = 30.0  # seconds: a job done this fast found its run made (skipped, adopted) and tells nothing of the pace
+BASIC_LAUNCHER = f"{BasicLauncher.__module__}.{BasicLauncher.__name__}"  # one job at a time, in this process
+
+
+def row_of(config: DictConfig) -> str:
+    """How the console names a job (its status, the line of its failure): its row, else its overrides, else its
+    number."""
+    return config.get("row") or " ".join(config.hydra.overrides.task) or f"job {config.hydra.job.num}"
 
 
 def duration(seconds: float) -> str:
@@ -79,10 +89,12 @@ def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapse
 
 
 class SweepConsole(Callback):
-    """Each job's output into its own log, and one progress display for the sweep (joblib's launcher only)."""
+    """Each job's output into its own log, and one progress display for the sweep (joblib's launcher); a line for
+    each failed job (joblib's launcher and Hydra's basic one)."""
 
     def __init__(self, every: float = 1.0) -> None:
         self.every = every  # seconds between redraws on a terminal
+        self.in_process = False  # Hydra's basic launcher: the jobs run here, their output on the terminal
         self.status_dir: Path | None = None  # set in the launching process, pickled with the callback to the jobs
         self._saved: tuple[int, int] | None = None  # a job's own stdout and stderr while its output goes to its log
         self._started = 0.0  # when the job began (time.monotonic), for the seconds it took
@@ -99,7 +111,10 @@ class SweepConsole(Callback):
     # In the launching process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if "joblib" not in config.hydra.launcher._target_ or config.hydra.sweeper._target_ != BASIC_SWEEPER:
+        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+            return
+        self.in_process = config.hydra.launcher._target_ == BASIC_LAUNCHER
+        if "joblib" not in config.hydra.launcher._target_:
             return
         total = len(jobs(config))
         self.status_dir = Path(str(config.hydra.sweep.dir)).resolve() / STATUS_DIR
@@ -156,8 +171,7 @@ class SweepConsole(Callback):
         job_dir.mkdir(parents=True, exist_ok=True)
         log = job_dir / OUTPUT_LOG
         os.environ[STATUS_ENV] = str(self.status_dir / f"{config.hydra.job.num}.json")
-        row = config.get("row") or " ".join(config.hydra.overrides.task) or f"job {config.hydra.job.num}"
-        report_status(row=row, state="starting", log=str(log))
+        report_status(row=row_of(config), state="starting", log=str(log))
         self._started = time.monotonic()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -167,6 +181,8 @@ class SweepConsole(Callback):
             os.dup2(f.fileno(), 2)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self.in_process and job_return.status == JobStatus.FAILED:
+            say_failed(config, job_return._return_value)
         if self._saved is None:
             return
         seconds = time.monotonic() - self._started
@@ -183,3 +199,12 @@ class SweepConsole(Callback):
             os.close(saved)
         self._saved = None
         os.environ.pop(STATUS_ENV, None)
+
+
+def say_failed(config: DictConfig, error: BaseException) -> None:
+    """The line of a failed job of Hydra's basic launcher, as `_draw` writes one for joblib's: its number, its row,
+    its error and where its log is (Hydra's job log: the job's own output went to the terminal)."""
+    log = OmegaConf.select(config, "hydra.job_logging.handlers.file.filename", default=None)
+    where = f"; its log: {log}" if log else ""
+    line = f"job {config.hydra.job.num} ({row_of(config)}) failed: {one_line(error)}{where}"
+    print(line, file=sys.stderr, flush=True)

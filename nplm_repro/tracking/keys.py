@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from hydra.utils import get_class
@@ -113,8 +114,9 @@ def model_key(cfg: DictConfig, fingerprint: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def config_key(cfg: DictConfig, fingerprint: str) -> str:
-    """What determines a run's results in its study: the resolved config less BOOKKEEPING, and the data fingerprint.
+def config_key(cfg: DictConfig, fingerprint: str, components: Sequence[str] = ()) -> str:
+    """What determines a run's results in its study: the resolved config less BOOKKEEPING, the data fingerprint, and
+    for a mixture of rows the config_keys of the runs it mixes (`components`: its config names them only by row).
 
     A job whose key already has a FINISHED run is skipped (unless `rerun=true`): a re-run sweep finishes
     only what is missing. The study is part of the key, so every study's runs carry its tag.
@@ -126,5 +128,8 @@ def config_key(cfg: DictConfig, fingerprint: str) -> str:
         node = functools.reduce(lambda d, k: d.get(k) or {}, path, kept)
         node.pop(last, None)
     resolved = OmegaConf.to_container(OmegaConf.create(kept), resolve=True)
-    text = json.dumps({"config": resolved, "data": fingerprint}, sort_keys=True, default=str)
+    keyed: dict[str, Any] = {"config": resolved, "data": fingerprint}
+    if components:  # absent otherwise: every other run keeps its key
+        keyed["components"] = list(components)
+    text = json.dumps(keyed, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import time
 import traceback
 from pathlib import Path
@@ -32,13 +33,15 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
-from nplm_repro.models.precision import job_precision
+from nplm_repro.models.lightning_module import DIVERGED
+from nplm_repro.models.precision import choices, job_precision
 from nplm_repro.models.training import best_checkpoint, train_neural
 from nplm_repro.progress import report_status
 from nplm_repro.scores import ARTIFACT, Scores
+from nplm_repro.tracking.config_checks import check_sizes
 from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.keys import config_key, mixed, model_key, trained
+from nplm_repro.tracking.keys import BOOKKEEPING, config_key, mixed, model_key, trained
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
@@ -69,17 +72,23 @@ def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def find_resumable(uri: str, experiment: str, config_key: str) -> tuple[str, Path] | None:
-    """The newest run of this config, with the last checkpoint it wrote, if a kill interrupted it (KILLED, or
-    RUNNING with its process gone); else None. Never an older run: the newest is the config's latest state (it may
-    have restarted from scratch, `rerun=true`), and an older checkpoint would bring back what came before it. The
-    caller holds the config's lock, so no live job owns the run."""
-    runs = search(uri, experiment, f"tags.config_key = '{config_key}'", max_results=1)
-    if not runs or runs[0].info.status not in ("KILLED", "RUNNING"):
+def last_checkpoint(run: Run) -> Path | None:
+    """The last checkpoint of a run a kill interrupted (KILLED, or RUNNING with its process gone), else None."""
+    if run.info.status not in ("KILLED", "RUNNING"):
         return None
-    directory = runs[0].data.tags.get("checkpoint_dir")
+    directory = run.data.tags.get("checkpoint_dir")
     last = Path(directory or "") / "last.ckpt"
-    return (runs[0].info.run_id, last) if directory and last.is_file() else None
+    return last if directory and last.is_file() else None
+
+
+def find_resumable(uri: str, experiment: str, config_key: str) -> tuple[str, Path] | None:
+    """The newest run of this config, with the last checkpoint it wrote, if a kill interrupted it; else None. Never an
+    older run: the newest is the config's latest state (it may have restarted from scratch, `rerun=true`), and an
+    older checkpoint would bring back what came before it. The caller holds the config's lock, so no live job owns
+    the run."""
+    runs = search(uri, experiment, f"tags.config_key = '{config_key}'", max_results=1)
+    last = last_checkpoint(runs[0]) if runs else None
+    return (runs[0].info.run_id, last) if last else None
 
 
 ORPHANED = "its process ended without ending the run (kill -9, out of memory, a lost machine)"
@@ -136,10 +145,52 @@ def base_run(cfg: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
 WAIT_SECONDS = 15  # between two looks at a component still training
 
 
+class ComponentFailed(NplmError):
+    """A row a mixture mixes has failed (in this sweep, say): the mixture's job fails, and records a FAILED run of its
+    own (`failed_run`), so that its row is listed as failed in the report, not missing."""
+
+
+def failed_run(cfg: DictConfig, corpus: Corpus, error: BaseException) -> None:
+    """A FAILED run of this job, with the tag `error`, for a job that fails before it could record one."""
+    logger = open_run(cfg, corpus, config_key=config_key(cfg, corpus.fingerprint), error=redact(one_line(error)))
+    logger.finalize("failed")
+
+
+def counted(run: Run) -> bool:
+    """Whether a run counted its model (an n-gram: no weights, so its seed changes nothing); runs from before the tag
+    `family_kind` were counted when they neither trained (model_key) nor mixed (base_run_id)."""
+    tags = run.data.tags
+    if "family_kind" in tags:
+        return tags["family_kind"] == "counted"
+    return "model_key" not in tags and "base_run_id" not in tags
+
+
+def one_configuration(name: str, study: str, runs: list[Run]) -> None:
+    """Refuse a component whose row name is shared by runs of several configurations (kn3 and kn5 are both
+    'Kneser-Ney back-off'): which one it mixes would depend on which ran last. The refusal names them by the values
+    that tell them apart."""
+    newest = {r.data.tags.get("config_key", r.info.run_id): r for r in reversed(runs)}
+    if len(newest) < 2:
+        return
+    configured = ("data.", "model.", "optim.", "trainer.", "callbacks.")  # not what a run fitted (its fit.* params)
+    names = {k for r in newest.values() for k in r.data.params if k.startswith(configured)}
+    names = sorted(names - set(BOOKKEEPING))
+    differing = [k for k in names if len({r.data.params.get(k) for r in newest.values()}) > 1][:3]
+    each = "; ".join(
+        f"run {r.info.run_id[:8]} ({', '.join(f'{k}={r.data.params.get(k)}' for k in differing) or 'another config'})"
+        for r in newest.values()
+    )
+    raise NplmError(
+        f"model.components: row {name!r} is {len(newest)} configurations in study {study}: {each}; give each its own "
+        "row name (the `row` of its experiment) so that a component names exactly one"
+    )
+
+
 def component_runs(cfg: DictConfig, corpus: Corpus) -> list[str]:
     """The finished run of each row `cfg.model.components` names, in this study, on this data: the one with this
     job's seed, or for a counted row (no weights: the seed changes nothing) any. A component whose run is still
-    RUNNING (its job in this sweep) is waited for; one with no run, or only failed ones, is an error naming it."""
+    RUNNING (its job in this sweep) is waited for; one with no run, or only failed ones, is an error naming it, and
+    so is a row name that several configurations share (`one_configuration`)."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     study = f"tags.study = '{cfg.study}'" if cfg.get("study") else "tags.study IS NULL"
     found = []
@@ -149,16 +200,23 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[str]:
                 uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'"
             )
             seeded = [r for r in runs if r.data.params.get("seed") == str(cfg.seed)]
-            done = [r for r in seeded if r.info.status == "FINISHED"]
-            done = done or [r for r in runs if r.info.status == "FINISHED" and "model_key" not in r.data.tags]
+            if not any(r.info.status == "FINISHED" for r in seeded) and any(counted(r) for r in runs):
+                finished = [r for r in runs if r.info.status == "FINISHED" and counted(r)]
+                seeded = [r for r in runs if r.data.params.get("seed") == (finished or runs)[0].data.params.get("seed")]
+            live = [r for r in seeded if r.info.status in ("FINISHED", "RUNNING")]
+            one_configuration(name, cfg.get("study") or "(none)", live)
+            done = [r for r in live if r.info.status == "FINISHED"]
             if done:
                 found.append(done[0].info.run_id)
                 break
-            if not any(r.info.status == "RUNNING" for r in seeded):
-                raise NplmError(
+            if not live:
+                why = (
                     f"model.components: no finished run of row {name!r} with seed {cfg.seed} in study "
-                    f"{cfg.get('study') or '(none)'} on this data: run that row first (a mixed row comes after its rows)"
+                    f"{cfg.get('study') or '(none)'} on this data"
                 )
+                if any(r.info.status == "FAILED" for r in seeded):
+                    raise ComponentFailed(f"{why}: its run failed, so this mixture fails with it")
+                raise NplmError(f"{why}: run that row first (a mixed row comes after its rows)")
             report_status(state=f"waiting for {name}")
             log.info("component %s (seed %s) is still running: waiting for it", name, cfg.seed)
             time.sleep(WAIT_SECONDS)
@@ -169,7 +227,9 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     """One row: the model `cfg.model` names, on the corpus `cfg.data` names; returns its run id and metrics.
 
     A job whose config and data already have a FINISHED run (tag config_key) returns that run, unless
-    `rerun=true`. The config's lock is held from the search to the end of the run (see `record`).
+    `rerun=true`. The config's lock is held from the search to the end of the run (see `record`); with
+    `trainer.precision=auto`, the locks of the config under each precision auto may resolve to, since a run of this
+    job under either is this job's (`settle_precision`).
     """
     check_system_metrics(cfg)
     threads = cfg.threads or launcher_threads()
@@ -179,26 +239,72 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     report_status(row=cfg.get("row") or "run", state="running")
     reach_store(cfg.tracking.uri)  # a store that cannot be reached or named stops the job before any work
     corpus = load_corpus(cfg.data)  # before the store is opened: a corpus found bad when read leaves no store
-    if trained(cfg) and cfg.optim.batch_size > corpus.size("train"):
-        raise NplmError(
-            f"optim.batch_size={cfg.optim.batch_size} is larger than the training split ({corpus.size('train'):,} "
-            "tokens): a batch is drawn from it"
-        )
+    check_sizes(cfg, corpus.sizes())  # the values against the data read: a text corpus's splits, the words
     open_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)  # reached above
-    # auto becomes what this machine runs faster before the config is keyed: the key says what computed
+    uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
+    try:
+        bases = component_runs(cfg, corpus) if "components" in cfg.model else None  # they are part of its key
+    except ComponentFailed as error:
+        failed_run(cfg, corpus, error)
+        raise
+    client = mlflow.MlflowClient(uri)
+    parts = [client.get_run(b).data.tags.get("config_key", b) for b in bases or []]
+    # auto becomes a concrete precision before the config is keyed (the key says what computed): the one a run of
+    # this config already resolved, else what this machine runs faster (`settle_precision`)
     output = cfg.optim.output if trained(cfg) else None
-    cfg.trainer.precision, precision_tags = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)
-    key = config_key(cfg, corpus.fingerprint)
+    variants = {}
+    for precision in choices(cfg.trainer.precision, output):
+        variants[precision] = cfg.copy()
+        variants[precision].trainer.precision = precision
+    keys = {p: config_key(v, corpus.fingerprint, parts) for p, v in variants.items()}
     trains = trained(cfg) and not mixed(cfg)
-    mlp = model_key(cfg, corpus.fingerprint) if trains else None
-    with mlp_lock(mlp) if mlp else contextlib.nullcontext(), config_lock(key):
-        found = None if cfg.rerun else find_finished(cfg.tracking.uri, cfg.tracking.experiment, config_key=key)
+    # the MLP's model_key (a mixed row's: the MLP it mixes)
+    mlps = {p: model_key(v, corpus.fingerprint) for p, v in variants.items()} if trained(cfg) else {}
+    with contextlib.ExitStack() as held:  # every key auto may take, in one order: two jobs never wait on each other
+        for mlp in sorted(set(mlps.values()) if trains else ()):  # a mixed row's MLP is locked by `base_run`
+            held.enter_context(mlp_lock(mlp))
+        for key in sorted(set(keys.values())):
+            held.enter_context(config_lock(key))
+        cfg.trainer.precision, precision_tags = settle_precision(cfg, keys, mlps, output)
+        key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision) if trains else None
+        for other in set(keys.values()) - {key}:  # a run of this job under the precision it did not take
+            end_orphans(uri, experiment, other)
+        found = None if cfg.rerun else find_finished(uri, experiment, config_key=key)
         if found:
             return reuse(cfg, found)
-        made = None if cfg.rerun or not mlp else find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=mlp)
+        made = None if cfg.rerun or not mlp else find_finished(uri, experiment, model_key=mlp)
         if made:
             return adopt(cfg, corpus, key, made)
-        return record(cfg, corpus, key, precision_tags)
+        return record(cfg, corpus, key, precision_tags, bases)
+
+
+def settle_precision(
+    cfg: DictConfig, keys: dict[str, str], mlps: dict[str, str], output: str | None
+) -> tuple[str, dict[str, str]]:
+    """The precision this job computes in, and its tags. With `auto`, a run of this job may already have resolved it
+    (`keys`, `mlps`: each precision's config_key and model_key): its newest FINISHED run, else its resumable run, else
+    the finished MLP it would adopt or mix, in that order; the job takes that run's precision, so that it skips,
+    resumes or adopts that run instead of training anew in the other (the probe measures with the machine's load,
+    and a fresh cache measures again). Only when no run has resolved it does the probe choose (`job_precision`)."""
+    if len(keys) > 1 and not cfg.rerun:
+        uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
+        looks = [
+            ("config_key", keys, lambda runs: [r for r in runs if r.info.status == "FINISHED"]),
+            ("config_key", keys, lambda runs: [r for r in runs[:1] if last_checkpoint(r)]),
+            ("model_key", mlps, lambda runs: [r for r in runs if r.info.status == "FINISHED"]),
+        ]
+        for tag, by_precision, usable in looks:
+            found = [
+                (run, precision)
+                for precision, key in by_precision.items()
+                for run in usable(search(uri, experiment, f"tags.{tag} = '{key}'"))
+            ]
+            if found:
+                run, precision = max(found, key=lambda pair: pair[0].info.start_time)
+                log.info("precision=auto -> %s, as run %s of this job resolved it", precision, run.info.run_id)
+                tags = {k: v for k, v in run.data.tags.items() if k.startswith("precision.")}
+                return precision, tags if output is not None else {}
+    return job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)
 
 
 def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
@@ -269,8 +375,11 @@ def own_dir(path: Path) -> Path:
         return candidate
 
 
-def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> tuple[str, dict[str, float]]:
-    """Fit or train the model and record it as one MLflow run (tagged with its config_key and `tags`).
+def record(
+    cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str], bases: list[str] | None = None
+) -> tuple[str, dict[str, float]]:
+    """Fit or train the model and record it as one MLflow run (tagged with its config_key and `tags`); a mixture of
+    rows mixes the runs `bases` (`component_runs`, found before its key, which holds their config_keys).
 
     The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
     out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
@@ -292,8 +401,7 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
             if resume:
                 log.info("resuming run %s from %s", *resume)
                 fit = functools.partial(train_neural, resume_from=resume[1])
-    elif "components" in cfg.model:  # rows of this study, mixed by their kept scores
-        bases = component_runs(cfg, corpus)
+    elif bases is not None:  # rows of this study, mixed by their kept scores
         tags["base_run_id"] = ",".join(bases)
 
         def fit(cfg: DictConfig, corpus: Corpus, logger: MLFlowLogger) -> tuple[dict[str, float], Scores]:
@@ -310,6 +418,7 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
         metrics, scores = fit(cfg, corpus, logger)
+        check_perplexities(metrics)
         log_scores(logger.experiment, logger.run_id, scores)
         best = best_checkpoint(cfg) if "model_key" in tags else None  # a trained model's weights, as its Model
         if best:
@@ -334,6 +443,15 @@ def record(cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str]) -> t
         raise
     log.info("%s", summary(cfg.get("row") or "run", logger.run_id, metrics))
     return logger.run_id, metrics
+
+
+def check_perplexities(metrics: dict[str, float]) -> None:
+    """A run whose perplexity of a split is not a finite number has diverged: it fails, so that no report, claim or
+    registry takes it (MLflow's SQL store would keep inf as 1.8e308, a number that looks measured)."""
+    bad = {k: v for k, v in metrics.items() if k.endswith("_ppl") and not math.isfinite(v)}
+    if bad:
+        found = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise NplmError(f"{found}: {DIVERGED}")
 
 
 def summary(name: str, run_id: str, metrics: dict[str, float]) -> str:

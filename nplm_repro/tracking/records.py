@@ -1,5 +1,5 @@
 """What each run records in MLflow: params (each key once), tags (data, code), the corpus as a dataset input, the
-diff of a dirty work tree, its name, optionally system metrics, and the logger that keeps it open.
+uncommitted changes to its code, its name, optionally system metrics, and the logger that keeps it open.
 
 The code is a checkout's commit only when the code that runs is that checkout's tracked files (`code_state`): a
 package installed into a virtualenv inside a checkout (`pip install .`, not editable) is the installed version,
@@ -65,18 +65,28 @@ def _git(code: Path, *args: str) -> str:
     return subprocess.run(command, cwd=code, capture_output=True, encoding="utf-8", errors="replace", check=True).stdout
 
 
+# What runs besides the package, as git pathspecs from the checkout's top: the configs every job composes (conf/,
+# installed as nplm_repro.conf, and sweeps/, its study/) and pyproject.toml, which decides the dependencies and the
+# commands. Not reports/ (which the README's quickstart rewrites), docs/, tests/ or the README: none of them runs.
+RUNS_BESIDE = (":(top)conf", ":(top)sweeps", ":(top)pyproject.toml")
+
+
 def code_state(code: Path = CODE) -> tuple[str, str]:
     """What the code that runs (the package at `code`) is, for the tag `git_commit`, and the diff that goes with it.
 
-    In a checkout whose tracked files it is: the commit, with '+dirty' if the work tree has uncommitted changes, and
-    those changes to tracked files as `git diff HEAD --binary` writes them (`git apply` puts them back on the
-    commit). Otherwise git may still find a checkout around it (a virtualenv inside one, ignored by it), but that
-    checkout's HEAD and diff are not this code: it is the installed version (`installed`), with no diff."""
+    In a checkout whose tracked files it is: the commit, with '+dirty' if the code that runs (the package and
+    RUNS_BESIDE) has uncommitted changes, and those changes to tracked files as `git diff HEAD --binary` writes them
+    (`git apply` puts them back on the commit). Changes elsewhere, such as the reports a study rewrites, leave the
+    code clean: they would mark every later run of an unchanged package. Untracked files are not code, as git's
+    diff has them (a new module counts once `git add`ed). Otherwise git may still find a checkout around it (a
+    virtualenv inside one, ignored by it), but that checkout's HEAD and diff are not this code: it is the installed
+    version (`installed`), with no diff."""
     try:
         _git(code, "ls-files", "--error-unmatch", "--", "__init__.py")  # fails outside git and for untracked files
     except (OSError, subprocess.CalledProcessError):
         return installed(code), ""
-    commit, diff = _git(code, "rev-parse", "HEAD").strip(), _git(code, "diff", "HEAD", "--binary")
+    commit = _git(code, "rev-parse", "HEAD").strip()
+    diff = _git(code, "diff", "HEAD", "--binary", "--", ".", *RUNS_BESIDE)  # ".": the package, git's cwd
     return commit + ("+dirty" if diff else ""), diff
 
 
@@ -249,7 +259,7 @@ def run_name(cfg: DictConfig) -> str:
 
 
 def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra_tags: str) -> RunLogger:
-    """Create the MLflow run of this job, with its params, tags and dataset (and the diff of a dirty work tree), or
+    """Create the MLflow run of this job, with its params, tags and dataset (and its code's uncommitted changes), or
     reopen run `resume` (status RUNNING again); fails with one line if the store is unusable."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     if resume:

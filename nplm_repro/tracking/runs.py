@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 
 import mlflow
@@ -39,6 +40,9 @@ DEFAULTS_BEFORE = {"mlp": {"model.mix": "none", "model.features": "learned", "mo
 # The data itself is pinned by the fingerprint; tracking.* and the row name are labels, not configuration.
 TRAINED_GROUPS = ("data.", "model.", "optim.", "trainer.", "callbacks.")
 OTHER_GROUPS = ("data.", "model.")
+# The status of a run whose perplexity is not a finite number (one recorded FINISHED by a version that did not fail
+# it): it diverged, so it is shown among the failed runs and no table, claim or registry takes it
+DIVERGED = "DIVERGED (a perplexity is not finite)"
 MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
 
 
@@ -51,6 +55,11 @@ def dirty(runs: pd.DataFrame) -> pd.Series:
 def present(value: object) -> bool:
     """A value MLflow recorded: neither missing (None) nor a NaN from a run without it."""
     return value is not None and not (isinstance(value, float) and np.isnan(value))
+
+
+def measured(value: float) -> bool:
+    """A perplexity that is a number: MLflow's SQL store keeps inf as the largest float64, 1.8e308."""
+    return bool(np.isfinite(value)) and abs(value) < sys.float_info.max
 
 
 def _text(value: object) -> str:
@@ -126,6 +135,10 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
         kind, label, colour = _kind(run, family)
         config = _config(run, family, kind)
         status = run["status"]
+        perplexities = {f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS}
+        if any(present(v) and not measured(v) for v in perplexities.values()):
+            status = DIVERGED
+            perplexities = {k: v if measured(v) else np.nan for k, v in perplexities.items()}
         state = "running" if status in ("RUNNING", "SCHEDULED") else "failed"
         if status == "FINISHED" and present(valid):
             state = "finished"
@@ -166,7 +179,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 else np.nan,
                 "fit_minutes": get("metrics.fit_seconds", np.nan) / 60,  # an MLP's, without the time it was down
                 **environment(run),
-                **{f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS},
+                **perplexities,
             }
         )
     frame = pd.DataFrame.from_records(records)

@@ -185,7 +185,7 @@ class RunScorer:
         name = f"--text {path}"
         encoding = "utf-8" if self.cfg.data.corpus == "brown" else self.cfg.data.encoding
         try:
-            text = path.read_bytes().decode(encoding).removeprefix("\ufeff")
+            text = path.read_bytes().decode(encoding)  # a BOM: read_text drops it, with every invisible character
         except OSError as error:
             raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
         except UnicodeDecodeError as error:

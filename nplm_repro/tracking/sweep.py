@@ -1,8 +1,9 @@
 """Sweeps (`nplm-train -m study=<study>`, any `-m`): one MLflow parent run per sweep, every job's run nested under it.
 
 `MlflowSweep` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). In the launching process, before any
-job starts, it refuses what would fail later (a report directory that cannot be written, a job that does not
-compose: `check_report_dir`, `compose_jobs`), each one line and exit 2 with nothing written; then it creates the
+job starts, it refuses what would fail later (a report directory that cannot be written, a declaration of its report
+that the report cannot apply, a job that does not compose: `check_report_dir`, `check_declaration`, `compose_jobs`),
+each one line and exit 2 with nothing written; then it creates the
 store (so parallel jobs never race to create SQLite's tables) and the parent run:
 tags `sweep=true`, `study`, `sweep_dir`, params the command-line overrides and the swept values. Every `-m`
 has one: a sweep file's, `-m key=a,b` alone, or a search (Optuna's sweeper). The swept values recorded are those
@@ -41,7 +42,6 @@ from typing import Any, ClassVar
 
 import mlflow
 from filelock import Timeout
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -55,12 +55,14 @@ from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrup
 from nplm_repro.exits import errors_exit
 from nplm_repro.paths import check_report_dir
 from nplm_repro.progress import close_displays
+from nplm_repro.studies import check_claimed_rows, checked, claimed_rows
 from nplm_repro.tracking.config_checks import check_config, check_corpus
 from nplm_repro.tracking.ledger import end_orphans, search
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
 from nplm_repro.tracking.registry import register_best
 from nplm_repro.tracking.store import check_store, ensure_experiment, redact
+from nplm_repro.tracking.study_rows import BASIC_SWEEPER, declared_rows, expand, less_seed
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +97,26 @@ def jobs(config: DictConfig) -> list[list[str]]:
     params = config.hydra.sweeper.get("params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()]
     arguments += OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
-    overrides = OverridesParser.create(GlobalHydra.instance().config_loader()).parse_overrides(arguments)
-    try:
-        return BasicSweeper.split_arguments(overrides, None)[0]
-    except HydraException as error:  # a search's sweep (interval, tag) given to the basic sweeper
-        raise NplmError(one_line(error)) from None
+    return expand(arguments, GlobalHydra.instance().config_loader())
 
 
-BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+def check_declaration(config: DictConfig) -> None:
+    """What the study declares for its report (`reporting`), as its report will read it (studies.py `checked`: its
+    keys, its claims' kinds) and every row its claims name one that the study file's jobs give (`declared_rows`):
+    a typo is one line before any job, not a warning once every job has run and a report or a claim missing."""
+    if config.get("reporting") is None:
+        return
+    study = config.hydra.runtime.choices.get("study")  # the study file chosen, null for `+reporting...` alone
+    where = f"study={study}" if study else "reporting"
+    spec = checked(OmegaConf.to_container(config.reporting, resolve=True), where)
+    if not study or not claimed_rows(spec) or config.hydra.sweeper._target_ != BASIC_SWEEPER:
+        return
+    loader = GlobalHydra.instance().config_loader()
+    params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=False)
+    rows = declared_rows(params, lambda job: loader.load_sweep_config(config, [f"study={study}", *job]), where)
+    check_claimed_rows(spec, rows, where)
+
+
 NAMED = 5  # jobs named in a refusal, then how many more
 
 
@@ -116,25 +130,60 @@ def compose_jobs(config: DictConfig) -> None:
         return
     loader = GlobalHydra.instance().config_loader()
     every = jobs(config)
-    checked: dict[tuple[str, ...], str | None] = {}  # a job less its seed -> why it is refused, or None
+    seen: dict[tuple[str, ...], str | None] = {}  # a job less its seed -> why it is refused, or None
     refused: dict[str, list[str]] = {}  # why -> the jobs, each by the overrides that tell it from the others
+    rows: dict[str, dict[str, list[str]]] = {}  # row -> each of its jobs (less the seed) -> the rows it mixes
     for job in every:
-        kind = tuple(o for o in job if o.split("=", 1)[0].lstrip("+~") != "seed")
-        if kind not in checked:
+        kind = less_seed(job)
+        if kind not in seen:
             try:
                 composed = loader.load_sweep_config(config, list(job))
                 with open_dict(composed):
                     del composed["hydra"]  # as Hydra hands a job its config
                 check_config(composed)
                 check_corpus(composed.data)
-                checked[kind] = None
+                seen[kind] = None
+                if composed.get("row"):
+                    own = " ".join(o for o in kind if any(o not in other for other in every)) or "its only job"
+                    rows.setdefault(composed.row, {})[own] = list(OmegaConf.select(composed, "model.components") or [])
             except (HydraException, OmegaConfBaseException, NplmError) as error:
-                checked[kind] = one_line(error)
-        if (why := checked[kind]) is not None:
+                seen[kind] = one_line(error)
+        if (why := seen[kind]) is not None:
             own = [o for o in job if any(o not in other for other in every)]
             refused.setdefault(why, []).append(" ".join(own) or "its only job")
     if refused:
         raise NplmError("; ".join(_refusal(why, named, len(every)) for why, named in refused.items()))
+    check_components(rows)
+
+
+def check_components(rows: dict[str, dict[str, list[str]]]) -> None:
+    """The rows the sweep's mixtures name (`model.components`), across its jobs (`rows`: row -> its jobs -> the rows
+    each mixes): each names a row that one configuration declares (kn3 and kn5 are both 'Kneser-Ney back-off', and
+    a component naming it would mix whichever ran last), and no row mixes itself through others (each would wait for
+    the other for ever)."""
+    mixes = {row: sorted({c for named in jobs.values() for c in named}) for row, jobs in rows.items()}
+    for row, components in mixes.items():
+        for component in components:
+            if len(declared := rows.get(component, {})) > 1:
+                raise NplmError(
+                    f"model.components of row {row!r} names row {component!r}, which {len(declared)} configurations "
+                    f"declare ({', '.join(declared)}): give each its own row name (the `row` of its experiment) so "
+                    "that a component names exactly one (nothing was run)"
+                )
+
+    def cycle(path: list[str]) -> list[str] | None:
+        for component in mixes.get(path[-1], []):
+            if component in path:
+                return [*path[path.index(component) :], component]
+            if found := cycle([*path, component]):
+                return found
+        return None
+
+    for row in mixes:
+        if found := cycle([row]):
+            raise NplmError(
+                f"model.components: the rows mix one another in a cycle, {' -> '.join(found)} (nothing was run)"
+            )
 
 
 def _refusal(why: str, named: list[str], jobs: int) -> str:
@@ -187,6 +236,7 @@ class MlflowSweep(Callback):
         with errors_exit():  # before anything is written: Hydra would only warn of a callback's error and go on
             if self.writes_report():
                 check_report_dir(self.report)
+            check_declaration(config)
             compose_jobs(config)
         with errors_exit():  # Hydra would only warn of a callback's error, and run every job against that store
             check_store(self.uri)  # creates the SQLite store and its tables, once, here

@@ -1,0 +1,136 @@
+"""The rows a study's jobs give, named as its report names them, known before any job runs: what its claims may name
+(studies.py `check_claimed_rows`). A sweep checks its claims before it starts (tracking/sweep.py), `nplm-report
+--study` before it reads the store, so a claim on a row the study never runs (`MLP11`, `Del Int.`) is one line, not
+a claim "not measured" in every report.
+
+The jobs are the study file's own: its `hydra.sweeper.params`, expanded as Hydra's basic sweeper does (`expand`),
+each job composed with the study alone; a command line that narrows a sweep (`experiment=kn3`) or moves a knob leaves
+the claims the file's. A job's row is named as reporting/tables.py names it: a paper family's configuration after
+the paper row whose columns (n, c, h, m, direct, mix) it has, else by the family's name in the tables (MLP, Del.
+Int.); another family's by its row tag (LSTM + MLP9). The label of an untagged row of another family is its class's
+own, and this module imports no family (nplm-report stays torch-free): a study with such a job is not checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import tempfile
+from collections.abc import Callable, Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_module
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_loader import ConfigLoader
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from nplm_repro.errors import NplmError, one_line
+from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
+from nplm_repro.tracking.runs import MIX
+
+log = logging.getLogger(__name__)
+
+BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+MODULE = "nplm_repro.conf"  # the package's configs, conf/ (its study/ is sweeps/)
+COPY = "nplm_report_study"  # the name a study file outside the package is composed under: no installed study's
+
+
+def expand(arguments: list[str], loader: ConfigLoader | None = None) -> list[list[str]]:
+    """The overrides of every job, as Hydra's basic sweeper makes them of `arguments` (a sweep's params, then its
+    command line): each sweep expanded, their product in order. `loader`, Hydra's config loader, parses choices of a
+    config group (`glob(*)`) as the sweeper does."""
+    overrides = OverridesParser.create(loader).parse_overrides(arguments)
+    try:
+        return BasicSweeper.split_arguments(overrides, None)[0]
+    except HydraException as error:  # a search's sweep (interval, tag) given to the basic sweeper
+        raise NplmError(one_line(error)) from None
+
+
+def less_seed(job: Iterable[str]) -> tuple[str, ...]:
+    """A job's overrides less its seed: jobs that differ only in their seed compose, check and name their row alike."""
+    return tuple(o for o in job if o.split("=", 1)[0].lstrip("+~") != "seed")
+
+
+@functools.cache
+def _paper_rows() -> dict[tuple[str, ...], frozenset[str]]:
+    """The paper's row names (both tables) by family and columns (`row_key`)."""
+    rows: dict[tuple[str, ...], set[str]] = {}
+    for table in PAPER_TABLES:
+        for _, row in paper_table(table).iterrows():
+            rows.setdefault(row_key(row["family"], row), set()).add(row["row"])
+    return {key: frozenset(names) for key, names in rows.items()}
+
+
+def columns(model: DictConfig) -> dict[str, str]:
+    """A configuration's values of the paper's columns as its run's row has them (tracking/runs.py `tidy`): '' for a
+    key its family has not, direct yes or no, mix no or yes for none and fixed."""
+    values = {column: model.get(column) for column in COLUMNS}
+    found = {column: "" if value is None else str(value) for column, value in values.items()}
+    found["direct"] = {True: "yes", False: "no"}.get(values["direct"], "")
+    found["mix"] = MIX.get(found["mix"], found["mix"])
+    return found
+
+
+def row_names(job: DictConfig) -> frozenset[str] | None:
+    """The names a composed job's row (Hydra's config included: its choice of `model` is its family) takes in a
+    report; None when only its family's class knows it (an untagged row of a family the paper has not)."""
+    family, row = job.hydra.runtime.choices.get("model"), job.get("row")
+    if family in FAMILY_NAMES:
+        return _paper_rows().get(row_key(family, columns(job.model))) or frozenset({FAMILY_NAMES[family]})
+    return frozenset({ROW_NAMES.get(row, row)}) if row else None
+
+
+def declared_rows(
+    params: dict[str, Any], compose_job: Callable[[list[str]], DictConfig], where: str
+) -> set[str] | None:
+    """The names of the rows the jobs of `params` (a study's `hydra.sweeper.params`) give, each job composed by
+    `compose_job`; None when one is not known (`row_names`), or when the jobs do not compose here (a warning: the
+    claims are then not checked, and what does not compose is said where it runs)."""
+    names: set[str] = set()
+    jobs = dict.fromkeys(less_seed(job) for job in expand([f"{k}={v}" for k, v in params.items()]))
+    try:
+        for job in jobs:
+            found = row_names(compose_job(list(job)))
+            if found is None:
+                return None
+            names |= found
+    except (HydraException, OmegaConfBaseException, yaml.YAMLError, NplmError) as error:
+        why = one_line(error)
+        log.warning("%s: the rows its claims name are not checked: its jobs do not compose (%s)", where, why)
+        return None
+    return names
+
+
+def study_rows(study: str, path: Path | None, where: str) -> set[str] | None:
+    """The names of the rows the jobs of a study file give (`declared_rows`): the installed sweeps/<study>.yaml, or
+    the file at `path`, composed under a name no installed study has beside the folder that holds its `study/`
+    folder (its own experiments), as `hydra.searchpath=[file://DIR]` finds them for its sweep. None for a study that
+    declares no jobs of Hydra's basic sweeper."""
+    if path is None:
+        found = resources.files(MODULE).joinpath("study", f"{study}.yaml")
+        if not found.is_file():
+            return None
+        text = found.read_text()
+    else:
+        text = path.read_text()
+    sweeper = ((yaml.safe_load(text) or {}).get("hydra") or {}).get("sweeper") or {}
+    if not sweeper.get("params") or sweeper.get("_target_", BASIC_SWEEPER) != BASIC_SWEEPER:
+        return None
+    with tempfile.TemporaryDirectory() as folder, initialize_config_module(MODULE, version_base="1.3"):
+        chosen = [f"study={study}"]
+        if path is not None:
+            (Path(folder) / "study").mkdir()
+            (Path(folder) / "study" / f"{COPY}.yaml").write_text(text)
+            beside = [folder, *([str(path.resolve().parent.parent)] if path.resolve().parent.name == "study" else [])]
+            chosen = [f"hydra.searchpath=[{','.join(f'file://{p}' for p in beside)}]", f"study={COPY}"]
+
+        def compose_job(job: list[str]) -> DictConfig:
+            return compose("config", overrides=[*chosen, *job], return_hydra_config=True)
+
+        return declared_rows(sweeper["params"], compose_job, where)

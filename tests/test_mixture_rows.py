@@ -1,0 +1,97 @@
+"""model=mixture, a mixture of rows by their kept scores: each component names exactly one row, its runs are part of
+the mixture's identity, mixtures mix mixtures, and no row mixes itself. Real n-gram runs on the tiny corpus in a real
+store, composed by Hydra as nplm-train composes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pytest
+from helpers import TINY_BROWN, composed, data_slice
+from omegaconf import DictConfig
+
+from nplm_repro.errors import NplmError
+from nplm_repro.tracking import ledger
+from nplm_repro.tracking.config_checks import check_config
+from nplm_repro.tracking.sweep import check_components
+
+TINY = [f"data.path={TINY_BROWN}", *data_slice(7_000, 1_500, 1_500)]
+
+
+def job(uri: str, *overrides: str) -> DictConfig:
+    folder = uri.removeprefix("sqlite:///").removesuffix("/m.db")
+    return composed(*TINY, f"tracking.uri={uri}", f"callbacks.model_checkpoint.dirpath={folder}/c", *overrides)
+
+
+def mixture(uri: str, row: str, *components: str) -> DictConfig:
+    named = ",".join(f"'{c}'" for c in components)
+    return job(uri, "model=mixture", f"row='{row}'", f"model.components=[{named}]", "model.mode=learned")
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
+    return f"sqlite:///{tmp_path}/m.db"
+
+
+def test_a_row_name_two_configurations_share_is_refused_naming_both(store: str) -> None:
+    """kn3 and kn5 are both 'Kneser-Ney back-off': the mixture took whichever ran last, with no error."""
+    for row in ("kn3", "kn5", "del_int"):
+        ledger.run(job(store, f"experiment={row}"))
+    with pytest.raises(NplmError) as refused:
+        ledger.run(mixture(store, "KN + trigram", "Kneser-Ney back-off", "Del. Int."))
+    message = str(refused.value)
+    assert message.startswith("model.components: row 'Kneser-Ney back-off' is 2 configurations in study (none): ")
+    assert "model.n=3" in message and "model.n=5" in message and "\n" not in message
+    client = mlflow.MlflowClient(store)
+    rows = [r.data.tags.get("row") for r in client.search_runs([client.get_experiment_by_name("brown").experiment_id])]
+    assert "KN + trigram" not in rows  # refused before its run was opened
+
+
+def test_the_runs_a_mixture_mixes_are_part_of_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same mixture config over kn3 in one store and kn5 in another is two configurations, not one."""
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
+    keys = []
+    for order in ("kn3", "kn5"):
+        workdir = tmp_path / order
+        workdir.mkdir()
+        monkeypatch.chdir(workdir)
+        uri = f"sqlite:///{workdir}/m.db"
+        for row in (order, "del_int"):
+            ledger.run(job(uri, f"experiment={row}"))
+        run_id, _ = ledger.run(mixture(uri, "KN + trigram", "Kneser-Ney back-off", "Del. Int."))
+        keys.append(mlflow.MlflowClient(uri).get_run(run_id).data.tags["config_key"])
+    assert keys[0] != keys[1]
+
+
+def test_a_mixture_mixes_a_mixture_of_rows(store: str) -> None:
+    """A mixed row's name holds '+', which MLflow refuses in a parameter's name: its weight is logged all the same."""
+    for row in ("kn3", "del_int", "class_n3_c150"):
+        ledger.run(job(store, f"experiment={row}"))
+    ledger.run(mixture(store, "KN + trigram", "Kneser-Ney back-off", "Del. Int."))
+    run_id, metrics = ledger.run(mixture(store, "KN + trigram + classes", "KN + trigram", "class-based back-off"))
+    params = mlflow.MlflowClient(store).get_run(run_id).data.params
+    assert {"mix.lambda.KN plus trigram", "mix.lambda.class-based back-off"} <= set(params)
+    assert float(params["mix.lambda.KN plus trigram"]) + float(params["mix.lambda.class-based back-off"]) == (
+        pytest.approx(1, abs=2e-4)
+    )
+    assert metrics["test_ppl"] < min(metrics["component_1_test_ppl"], metrics["component_2_test_ppl"]) * 1.01
+
+
+def test_a_row_that_mixes_itself_is_refused_before_any_work() -> None:
+    cfg = composed(*TINY, "experiment=lstm_mlp9", "model.components=['LSTM + MLP9',MLP9]")
+    with pytest.raises(NplmError, match=r"^model.components names row 'LSTM \+ MLP9', the row itself"):
+        check_config(cfg)
+
+
+def test_a_sweep_refuses_a_cycle_of_mixtures_and_a_component_two_configurations_declare() -> None:
+    """What a sweep's jobs declare (row -> each job -> the rows it mixes), as compose_jobs collects it."""
+    with pytest.raises(NplmError, match=r"cycle, A \+ B -> B \+ A -> A \+ B \(nothing was run\)$"):
+        check_components({"A + B": {"experiment=ab": ["B + A", "MLP9"]}, "B + A": {"experiment=ba": ["A + B"]}})
+    shared = {"Kneser-Ney back-off": {"experiment=kn3": [], "experiment=kn5": []}, "X": {"experiment=x": []}}
+    shared["KN + X"] = {"experiment=mix": ["Kneser-Ney back-off", "X"]}
+    with pytest.raises(NplmError, match=r"declare \(experiment=kn3, experiment=kn5\): give each its own row name"):
+        check_components(shared)
+    check_components({"Kneser-Ney back-off": {"experiment=kn3": [], "experiment=kn5": []}})  # no one mixes it
