@@ -41,6 +41,7 @@ WINDOW = (
 )
 
 
+@pytest.mark.slow  # commands in subprocesses: about 7-10 s
 def test_a_transformer_window_longer_than_the_training_split_is_refused(tiny_brown_path: Path, tmp_path: Path) -> None:
     """It was `ValueError: 7000 tokens cannot fill one window of 100000` once training started, and a FAILED run.
     A window of the whole split is one the data can fill."""
@@ -66,6 +67,7 @@ def test_a_stream_too_short_for_the_lstms_rows_is_refused_naming_the_batch() -> 
         check_config(composed("experiment=lstm", "optim.batch_size=8000", *TINY))
 
 
+@pytest.mark.slow  # commands in subprocesses: about 7-10 s
 def test_a_sampled_rate_whose_decay_would_flip_the_weights_is_refused(tiny_brown_path: Path, tmp_path: Path) -> None:
     """SparseSGD decays a weight by 1 - lr x batch_size x weight_decay a step and keeps the log of it: at lr=1e6
     that was `ValueError: math domain error`. The bound is the step's, so a rate just under it is taken."""

@@ -235,6 +235,7 @@ def test_bench_measures_the_energy_network_sampled_and_a_class_layer_with_its_me
     ]
 
 
+@pytest.mark.slow  # about 15 s of timed rounds
 def test_bench_trains_across_epochs_until_its_rounds_are_done(tiny_brown_path: Path, tmp_path: Path) -> None:
     """An epoch of 2,000 tokens is 8 steps: the warm-up alone runs into the third epoch, and the fit still ends when
     the clock's last round does (sampled training runs an epoch of Brown in seconds, a GPU faster still); so does the

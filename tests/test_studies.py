@@ -195,6 +195,7 @@ def test_the_kinds_of_claim_a_study_may_declare_are_those_the_engine_checks() ->
     assert set(CLAIM_KINDS) == {"better", "equivalent", *PER_SEED}
 
 
+@pytest.mark.slow  # about 20 s: every job of every study composed twice
 @pytest.mark.parametrize("study", [*STUDIES, "m100"])
 def test_every_study_claims_only_rows_its_jobs_give(study: str) -> None:
     """The checks a sweep (`check_declaration`) and nplm-report (`study_rows`) make before anything else accept

@@ -156,6 +156,7 @@ def refusals(tmp_path: Path, tiny_brown_path: Path, path: Path) -> tuple[str, st
     ],
     ids=["malformed", "duplicate_key"],
 )
+@pytest.mark.slow  # commands in subprocesses: about 7-10 s
 def test_a_study_file_that_is_not_yaml_is_one_line_naming_the_file_and_the_line(
     text: str, line: int, problem: str, tiny_brown_path: Path, tmp_path: Path
 ) -> None:
@@ -189,6 +190,7 @@ def test_a_study_file_that_is_not_yaml_is_one_line_naming_the_file_and_the_line(
     ],
     ids=["unknown_key", "unknown_kind", "unknown_row"],
 )
+@pytest.mark.slow  # commands in subprocesses: about 7-10 s
 def test_a_declaration_its_report_cannot_apply_is_refused_before_any_job(
     reporting: str, said: str, tiny_brown_path: Path, tmp_path: Path
 ) -> None:

@@ -130,6 +130,7 @@ def test_a_failed_parallel_job_says_why_and_where_its_output_is(tiny_brown_path:
     )
 
 
+@pytest.mark.slow  # commands in subprocesses: about 7-10 s
 def test_every_failed_job_of_the_basic_launcher_is_named_as_the_parallel_ones_are(
     tiny_brown_path: Path, tmp_path: Path
 ) -> None:
