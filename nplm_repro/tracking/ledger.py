@@ -44,6 +44,7 @@ from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.keys import BOOKKEEPING, config_key, mixed, model_key, trained
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
+from nplm_repro.tracking.runs import TRAINED_GROUPS
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
 from nplm_repro.tracking.served import log_model
 from nplm_repro.tracking.store import open_store, reach_store, redact
@@ -172,8 +173,8 @@ def one_configuration(name: str, study: str, runs: list[Run]) -> None:
     newest = {r.data.tags.get("config_key", r.info.run_id): r for r in reversed(runs)}
     if len(newest) < 2:
         return
-    configured = ("data.", "model.", "optim.", "trainer.", "callbacks.")  # not what a run fitted (its fit.* params)
-    names = {k for r in newest.values() for k in r.data.params if k.startswith(configured)}
+    # its configuration's params, not what a run fitted (an n-gram's fit.*)
+    names = {k for r in newest.values() for k in r.data.params if k.startswith(TRAINED_GROUPS)}
     names = sorted(names - set(BOOKKEEPING))
     differing = [k for k in names if len({r.data.params.get(k) for r in newest.values()}) > 1][:3]
     each = "; ".join(
@@ -186,7 +187,7 @@ def one_configuration(name: str, study: str, runs: list[Run]) -> None:
     )
 
 
-def component_runs(cfg: DictConfig, corpus: Corpus) -> list[str]:
+def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
     """The finished run of each row `cfg.model.components` names, in this study, on this data: the one with this
     job's seed, or for a counted row (no weights: the seed changes nothing) any. A component whose run is still
     RUNNING (its job in this sweep) is waited for; one with no run, or only failed ones, is an error naming it, and
@@ -207,7 +208,7 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[str]:
             one_configuration(name, cfg.get("study") or "(none)", live)
             done = [r for r in live if r.info.status == "FINISHED"]
             if done:
-                found.append(done[0].info.run_id)
+                found.append(done[0])
                 break
             if not live:
                 why = (
@@ -243,12 +244,12 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     open_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)  # reached above
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     try:
-        bases = component_runs(cfg, corpus) if "components" in cfg.model else None  # they are part of its key
+        components = component_runs(cfg, corpus) if "components" in cfg.model else None
     except ComponentFailed as error:
         failed_run(cfg, corpus, error)
         raise
-    client = mlflow.MlflowClient(uri)
-    parts = [client.get_run(b).data.tags.get("config_key", b) for b in bases or []]
+    bases = None if components is None else [r.info.run_id for r in components]
+    parts = [r.data.tags.get("config_key", r.info.run_id) for r in components or []]  # part of the mixture's key
     # auto becomes a concrete precision before the config is keyed (the key says what computed): the one a run of
     # this config already resolved, else what this machine runs faster (`settle_precision`)
     output = cfg.optim.output if trained(cfg) else None

@@ -42,7 +42,7 @@ TRAINED_GROUPS = ("data.", "model.", "optim.", "trainer.", "callbacks.")
 OTHER_GROUPS = ("data.", "model.")
 # The status of a run whose perplexity is not a finite number (one recorded FINISHED by a version that did not fail
 # it): it diverged, so it is shown among the failed runs and no table, claim or registry takes it
-DIVERGED = "DIVERGED (a perplexity is not finite)"
+DIVERGED_STATUS = "DIVERGED (a perplexity is not finite)"
 MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
 
 
@@ -137,7 +137,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
         status = run["status"]
         perplexities = {f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS}
         if any(present(v) and not measured(v) for v in perplexities.values()):
-            status = DIVERGED
+            status = DIVERGED_STATUS
             perplexities = {k: v if measured(v) else np.nan for k, v in perplexities.items()}
         state = "running" if status in ("RUNNING", "SCHEDULED") else "failed"
         if status == "FINISHED" and present(valid):
