@@ -1,6 +1,7 @@
 """`nplm-bench`: how fast this machine trains, evaluates and counts, printed as one JSON object per line.
 
 nplm-bench experiment=mlp9                       # the MLP9 configuration on real Brown data
+nplm-bench experiment=lstm 'bench.what=[matmul,train,sampled,classes]'   # any family: lstm, transformer
 nplm-bench experiment=mlp1 bench.what=[matmul,train]
 nplm-bench bench.what=[ngram] bench.ngram_rows=[del_int,kn3]
 
@@ -9,19 +10,22 @@ Takes the same overrides as `nplm-train`. Every line is timed in `bench.repeats`
 `bench.warmup` untimed training steps. Rates measured over a second moved twofold between two runs of the same code
 (300 sampled steps took 0.9 s on a Xeon with AMX: 9.5x and 4.96x float32), so a line gives the median round's
 `tokens_per_s` with `tokens_per_s_range`, the slowest and the fastest round, and `seconds` (timed, all rounds),
-`repeats` and `steps` (or `passes`, of a whole job) that it rests on. The neural lines add `achieved_gflops` (model
-FLOPs per second at the median rate, counted from the layer shapes: forward 2 flops per multiply-add, backward
-twice the forward) and `matmul_gflops`, the median rate of the output layer's own matrix products measured by this
-process in the same dtype on the same device, so the two compare in one run.
+`repeats` and `steps` (or `passes`, of a whole job) that it rests on. Every line of a trained family says how far
+it is from the machine's limit: `flops_per_token` (counted from the layer shapes by the family, `flops_per_token`:
+2 flops a multiply-add, the backward twice the forward, the output layer at the rows the line computes: |V|, the k
+drawn words and the target, or a class layer's classes and a token's class), `achieved_gflops` (that at the median
+rate) and `share_of_matmul`, that against the output layer's own matrix products measured by this process in the
+dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 otherwise), on the same device.
 - matmul: the three output-layer products of a training step (forward y = z O^T, backward dy O and
-  dy^T z), float32 and bfloat16, as `matmul_gflops` and `matmul_gflops_range`;
-- baseline: a straightforward PyTorch implementation of the same model (map-style Dataset of windows,
-  shuffled DataLoader, nn.Embedding + nn.Linear, CrossEntropyLoss, plain SGD, float32): the reference;
-- train: our LightningModule in a real Trainer, for each precision in `bench.precisions`; the `auto` line
-  says what `trainer.precision=auto` resolved to here (`resolved`) and the probe's rates it chose by;
-- sampled: the same with `optim=sampled` (or the command's own optim when it is sampled; the command's
-  `model.output=energy` gives the energy network's line), float32, and its
-  speed-up over each `train` line (`x_32-true`, ...);
+  dy^T z) at a training step's tokens, float32 and bfloat16, as `matmul_gflops` and `matmul_gflops_range`;
+- baseline (eq. (1) only): a straightforward PyTorch implementation of the same model (map-style Dataset of
+  windows, shuffled DataLoader, nn.Embedding + nn.Linear, CrossEntropyLoss, plain SGD, float32): the reference;
+- train: the family's LightningModule in a real Trainer, the softmax over V trained exactly, for each precision in
+  `bench.precisions`; the `auto` line says what `trainer.precision=auto` resolved to here (`resolved`) and the
+  probe's rates it chose by;
+- sampled: the same with the sampled output layer (the command's sampling keys when it trains sampled, else
+  optim=sampled's, over the family's own recipe; the command's `model.output=energy` gives the energy network's
+  line), float32, and its speed-up over each `train` line (`x_32-true`, ...);
 - profile: `PROFILED_STEPS` steps of that sampled training under torch.profiler, after the warm-up: the wall time
   of a step (`ms_per_step`, profiled, so a little slower than the sampled line's) and the `TOP_OPS` operators
   taking most of it (`self_ms_per_step`: each operator's own time, not its callees'), which docs/performance.md
@@ -32,8 +36,9 @@ process in the same dtype on the same device, so the two compare in one run.
 - eval: the exact float32 perplexity of the whole validation split, as every run computes it (Trainer.validate);
 - ngram: fit on train and score train, valid and test, for each row in `bench.ngram_rows` (`fit_seconds` and
   `score_seconds`: the median pass's parts; a class row's first pass may include its clustering, before the cache);
-- mixture: the MLP's probability of every valid and test token (`probs` lines), then EM of the learned and
-  context-conditioned mixtures with the interpolated trigram on valid and scoring valid and test with them.
+- mixture (eq. (1) only): the MLP's probability of every valid and test token (`probs` lines), then EM of the
+  learned and context-conditioned mixtures with the interpolated trigram on valid and scoring valid and test.
+A family's lines are its `bench_lines`; the others of `bench.what` are skipped with a note on stderr.
 Run it on a quiet machine: numbers move with load, which is why each line is measured in the same run.
 """
 
@@ -65,10 +70,11 @@ from nplm_repro.data.windows import loader
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
-from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.models.precision import PRECISIONS, resolve
 from nplm_repro.models.training import build_module, token_probs
 from nplm_repro.tracking.config_checks import check_config, check_sizes
+from nplm_repro.tracking.keys import SAMPLING_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -112,23 +118,21 @@ def step_clock(cfg: DictConfig, warmup: int) -> Clock:
     return Clock(warmup, cfg.bench.min_seconds, cfg.bench.repeats, sync)
 
 
-def output_width(cfg: DictConfig) -> int:
-    """Inputs of the output layer: (n-1)m through W (if direct) plus h through U."""
-    m = cfg.model
-    return (m.n - 1) * m.m * bool(m.direct) + m.h
+def ceiling(flops: float, rate: dict[str, Any], matmul: dict[str, Any]) -> dict[str, float]:
+    """A line's FLOPs a token (forward and backward: three times the forward), the model FLOP/s its median rate
+    achieves, and that as a share of its dtype's matmul rate measured in the same run."""
+    achieved = rate["tokens_per_s"] * flops / 1e9
+    return {
+        "flops_per_token": flops,
+        "achieved_gflops": achieved,
+        "share_of_matmul": achieved / matmul["matmul_gflops"],
+    }
 
 
-def flops_per_token(cfg: DictConfig, vocab_size: int, train: bool) -> float:
-    """Multiply-adds x 2 of the hidden and output layers; training adds the backward (twice the forward)."""
-    m = cfg.model
-    forward = 2.0 * (output_width(cfg) * vocab_size + (m.n - 1) * m.m * m.h)
-    return 3 * forward if train else forward
-
-
-def matmul_rates(cfg: DictConfig, vocab_size: int) -> dict[str, dict[str, Any]]:
-    """GFLOP/s of the output layer's three products (z: batch x width, O: |V| x width) at the training batch size,
-    per dtype, on the MLP's device: `matmul_gflops` (the median round's) and its timing."""
-    batch, width = cfg.optim.batch_size, output_width(cfg) + 1  # + the bias column of bf16_loss
+def matmul_rates(cfg: DictConfig, vocab_size: int, batch: int, width: int) -> dict[str, dict[str, Any]]:
+    """GFLOP/s of the output layer's three products (z: batch x width, O: |V| x width) at the training batch's
+    tokens, per dtype, on the device: `matmul_gflops` (the median round's) and its timing."""
+    width += 1  # the bias column of bf16_loss
     rates = {}
     for dtype in (torch.float32, torch.bfloat16):
         shapes = (batch, width), (vocab_size, width), (batch, vocab_size)
@@ -203,11 +207,12 @@ class _StepClock(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, out: Any, batch: Any, index: int
     ) -> None:
-        if self.clock.tick(len(batch[1])):
+        if self.clock.tick(batch[1].numel()):  # a window's target, or a sequence batch's rows of targets
             trainer.should_stop = True  # Lightning then validates once (the clock has stopped) and ends the fit
 
 
 PROFILED_STEPS = 200
+EPOCHS = 1000  # the bench trainer's epochs at most: its clock stops it long before
 TOP_OPS = 15
 
 
@@ -253,12 +258,14 @@ def profile_steps(cfg: DictConfig, corpus: Corpus) -> dict[str, Any]:
     }
 
 
-def _fit(cfg: DictConfig, corpus: Corpus, precision: str, callback: Callback) -> NPLMModule:
-    """NPLMModule trained in a real Lightning Trainer (as nplm-train runs it, without validation) until `callback`
+def _fit(cfg: DictConfig, corpus: Corpus, precision: str, callback: Callback) -> LanguageModule:
+    """The family's module trained in a real Lightning Trainer (as nplm-train runs it, without validation) until `callback`
     stops it."""
     module = build_module(cfg, corpus)
     trainer = L.Trainer(
-        max_epochs=-1,  # as many epochs as the rounds take (sampled training runs an epoch of Brown in seconds)
+        # as many epochs as the rounds take (sampled training runs an epoch of Brown in seconds), and finite: a
+        # schedule over the run (AdamW's warm-up and cosine) needs its length
+        max_epochs=EPOCHS,
         limit_val_batches=1,  # the fast recipe's plateau schedule needs a validation per epoch; outside the clock
         precision=precision,
         accelerator=cfg.trainer.accelerator,
@@ -269,19 +276,19 @@ def _fit(cfg: DictConfig, corpus: Corpus, precision: str, callback: Callback) ->
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    n, batch = cfg.model.n, cfg.optim.batch_size
-    trainer.fit(module, loader(corpus, "train", n, batch, True, cfg.seed), loader(corpus, "valid", n, batch))
+    batch = cfg.optim.batch_size
+    trainer.fit(module, module.batches(corpus, "train", batch, True, cfg.seed), module.batches(corpus, "valid", batch))
     return module
 
 
-def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], NPLMModule]:
-    """Training tokens/s of NPLMModule in a real Lightning Trainer (as nplm-train runs it, without validation)."""
+def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], LanguageModule]:
+    """Training tokens/s of the family's module in a real Lightning Trainer (as nplm-train runs it, without validation)."""
     clock = step_clock(cfg, cfg.bench.warmup)
     module = _fit(cfg, corpus, precision, _StepClock(clock))
     return clock.report("steps"), module
 
 
-def rows_per_token(module: NPLMModule, corpus: Corpus) -> float:
+def rows_per_token(module: LanguageModule, corpus: Corpus) -> float:
     """Output rows a class layer computes per training token: the classes, and the words of the token's class (the
     mean over the training tokens), against eq. (1)'s |V|."""
     start, end = corpus.bounds["train"]
@@ -289,7 +296,7 @@ def rows_per_token(module: NPLMModule, corpus: Corpus) -> float:
     return len(classes.size) + float(classes.size[classes.word_class[corpus.ids[start:end]]].double().mean())
 
 
-def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> float:
+def validate(cfg: DictConfig, module: LanguageModule, corpus: Corpus) -> float:
     """Perplexity of the whole validation split as every run scores it (Trainer.validate, validation_step)."""
     trainer = L.Trainer(
         accelerator=cfg.trainer.accelerator,
@@ -298,9 +305,7 @@ def validate(cfg: DictConfig, module: NPLMModule, corpus: Corpus) -> float:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    (metrics,) = trainer.validate(
-        module, loader(corpus, "valid", module.model.n, cfg.data.eval_batch_size), verbose=False
-    )
+    (metrics,) = trainer.validate(module, module.batches(corpus, "valid", cfg.data.eval_batch_size), verbose=False)
     return metrics["valid_ppl_epoch"]
 
 
@@ -346,7 +351,7 @@ def bench_mixture(cfg: DictConfig, corpus: Corpus, mlp: dict[str, np.ndarray]) -
         emit(f"mixture {mode}", **timing, **ppl, **mixture.describe())
 
 
-def _probs_pass(cfg: DictConfig, module: NPLMModule, corpus: Corpus, split: str) -> tuple[np.ndarray, int]:
+def _probs_pass(cfg: DictConfig, module: LanguageModule, corpus: Corpus, split: str) -> tuple[np.ndarray, int]:
     probs = token_probs(cfg, module, corpus, split)
     return probs, len(probs)
 
@@ -385,51 +390,56 @@ def bench(cfg: DictConfig) -> None:
     cfg.trainer.precision = resolve(cfg.trainer.precision, cfg.trainer.accelerator)[0]  # what nplm-train would use
     log.info("measuring %s", OmegaConf.to_container(cfg.bench, resolve=True))
     L.seed_everything(cfg.seed, verbose=False)
-    shape = {k: cfg.model[k] for k in ("n", "m", "h", "direct")} | {"vocab_size": corpus.vocab_size}
-    train_flops, eval_flops = (flops_per_token(cfg, corpus.vocab_size, train) / 1e9 for train in (True, False))
-    rates = matmul_rates(cfg, corpus.vocab_size) if what - {"ngram"} else {}  # the MLP lines compare with it
+    # the train lines are the softmax over V trained exactly, whatever output layer the command names
+    exact = OmegaConf.merge(cfg, {"optim": {"output": "exact"}, "model": {"output": "standard"}})
+    probe = build_module(exact, corpus)  # the family's shapes: FLOPs a token, the output layer's width
+    if skipped := what - set(probe.bench_lines) - {"ngram"}:  # the n-gram lines need no family
+        log.info("bench.what: no %s line for the %s (nplm-bench's doc)", ", ".join(sorted(skipped)), probe.label)
+        what -= skipped
+    tokens = next(iter(probe.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)))[1].numel()
+    unused = {"_target_", "mix", "output", "classes", "class_method"}
+    shape = {"family": probe.family, **{k: v for k, v in cfg.model.items() if k not in unused}}
+    shape |= {"vocab_size": corpus.vocab_size, "tokens_per_step": tokens}
+    vocab = corpus.vocab_size
+    train_flops = 3 * probe.flops_per_token(vocab)
+    rates = matmul_rates(cfg, vocab, tokens, probe.output_width) if what - {"ngram"} else {}  # the lines' ceilings
     if "matmul" in what:
         for dtype, rate in rates.items():
-            emit(f"matmul {dtype}", **rate, batch=cfg.optim.batch_size, device=device_of(cfg).type, **shape)
+            emit(f"matmul {dtype}", **rate, batch=tokens, device=device_of(cfg).type, **shape)
     if "baseline" in what:
         result = baseline(cfg, corpus)
-        emit(
-            "train baseline float32",
-            **result,
-            achieved_gflops=result["tokens_per_s"] * train_flops,
-            matmul_gflops=rates["float32"]["matmul_gflops"],
-            **shape,
-        )
+        emit("train baseline float32", **result, **ceiling(train_flops, result, rates["float32"]), **shape)
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
     module, speeds = None, {}
-    # the train lines are eq. (1)'s exact softmax, whatever output layer the command names
-    exact = OmegaConf.merge(cfg, {"optim": {"output": "exact"}, "model": {"output": "standard"}})
     for precision in cfg.bench.precisions if what & {"train", "eval", "mixture", "classes"} else []:
         concrete, tags = resolve(precision, cfg.trainer.accelerator)  # auto: what nplm-train would pick here
         result, module = train_steps(exact, corpus, concrete)
         speeds[precision] = result["tokens_per_s"]
         if "train" in what:
             chosen = {"resolved": concrete, **{k.removeprefix("precision."): v for k, v in tags.items()}}
+            matmul = rates["bfloat16" if concrete.startswith("bf16") else "float32"]
             emit(
                 f"train {precision}",
                 **result,
-                achieved_gflops=result["tokens_per_s"] * train_flops,
-                matmul_gflops=rates["bfloat16" if concrete.startswith("bf16") else "float32"]["matmul_gflops"],
+                **ceiling(train_flops, result, matmul),
                 **(chosen if precision == "auto" else {}),
                 **shape,
             )
-    optim = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
+    # sampled: the command's own sampling keys, or optim=sampled's, over the family's recipe; float32
+    drawn = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
     model = exact.model if cfg.model.output == "classes" else cfg.model  # energy trains sampled too; classes not
-    sampled = OmegaConf.merge(cfg, {"optim": optim, "model": model})
+    sampled = OmegaConf.merge(cfg, {"optim": {k: drawn[k] for k in SAMPLING_KEYS}, "model": model})
     if "sampled" in what:
         result, _ = train_steps(sampled, corpus, "32-true")
         speedups = {f"x_{p}": result["tokens_per_s"] / speed for p, speed in speeds.items()}
+        flops = 3 * probe.flops_per_token(drawn.samples + 1)  # the k drawn words (with repeats: at most) and the target
         emit(
             "train sampled",
             **result,
-            samples=optim.samples,
-            proposal=optim.proposal,
-            estimator=optim.estimator,
+            **ceiling(flops, result, rates["float32"]),
+            samples=drawn.samples,
+            proposal=drawn.proposal,
+            estimator=drawn.estimator,
             output=model.output,
             **speedups,
             **shape,
@@ -441,13 +451,15 @@ def bench(cfg: DictConfig) -> None:
         for precision in cfg.bench.precisions:
             concrete = resolve(precision, cfg.trainer.accelerator)[0]
             result, trained = train_steps(classes, corpus, concrete)
+            rows = rows_per_token(trained, corpus)
             emit(
                 f"train classes {precision}",
                 **result,
+                **ceiling(3 * probe.flops_per_token(rows), result, rates["float32"]),  # its small products: float32
                 resolved=concrete,
                 classes=len(trained.classes.size),
                 class_method=classes.model.class_method,
-                rows_per_token=rows_per_token(trained, corpus),
+                rows_per_token=rows,
                 **{f"x_exact_{precision}": result["tokens_per_s"] / speeds[precision]},
                 **shape,
             )
@@ -457,10 +469,9 @@ def bench(cfg: DictConfig) -> None:
         emit(
             "eval valid float32",
             **timing,
+            **ceiling(probe.flops_per_token(vocab), timing, rates["float32"]),
             tokens=tokens,
             batch=cfg.data.eval_batch_size,
-            achieved_gflops=timing["tokens_per_s"] * eval_flops,
-            matmul_gflops=rates["float32"]["matmul_gflops"],
             ppl=float(ppl),
             **shape,
         )

@@ -203,6 +203,7 @@ def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[s
     assert again == pytest.approx(run.data.metrics["test_ppl"], rel=1e-6)
     module = scorer.model()
     assert isinstance(module, NPLMModule) and module.output == run.data.params["model.output"]
+    assert (module.classes is not None) == (module.layer.name == "word classes") == (module.output == "classes")
     with torch.no_grad():  # the distribution generation and the Model read is normalised
         logp = module.next_logprobs([scorer.words(PROMPT)])[0].double()
     assert float(logp.exp().sum()) == pytest.approx(1.0, abs=1e-5)
@@ -219,3 +220,55 @@ def test_nplm_ask_continues_a_prompt_with_it(row: tuple[str, str], ask, tmp_path
 def test_a_fresh_process_loads_its_model_and_gets_the_exact_distribution(row: tuple[str, str], tmp_path: Path) -> None:
     uri, run_id = row
     check_loaded_model(uri, run_id, PROMPT, tmp_path)
+
+
+def test_a_class_layer_with_classes_of_every_padded_size_has_the_whole_distributions_gradient() -> None:
+    """Classes from 3 to 700 words fall in buckets of different padded sizes, the largest above BUCKET_LIMIT."""
+    torch.manual_seed(1)
+    sizes = [3, 17, 40, 130, 300, 700]
+    vocab = sum(sizes)
+    classes = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))[torch.randperm(vocab)]
+    layer = ClassOutput(vocab, len(sizes), [7, 4], classes)
+    weights = [torch.randn(vocab, 7, requires_grad=True), torch.randn(vocab, 4, requires_grad=True)]
+    b = torch.randn(vocab, requires_grad=True)
+    inputs = [torch.randn(300, 7), torch.randn(300, 4)]
+    target = torch.randint(vocab, (300,))
+    terms = list(zip(inputs, weights))
+    fast = layer.token_logprob(terms, b, target)
+    grads = torch.autograd.grad(fast.sum(), [b, *weights])
+    whole = layer.log_probs(terms, b)[torch.arange(300), target]
+    torch.testing.assert_close(fast, whole, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, torch.autograd.grad(whole.sum(), [b, *weights])):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_lstm_with_word_classes_trains_and_is_scored_exactly(brown_path: Path, tmp_path: Path) -> None:
+    """`nplm-train experiment=lstm model.output=classes`: a real run on a slice of Brown, scored again to a millionth,
+    its distribution over all of V normalised."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        patch.setenv("NPLM_CACHE", str(tmp_path))
+        cfg = composed(
+            "experiment=lstm",
+            f"data.path={brown_path}",
+            *SLICE,
+            "model.width=32",
+            "model.output=classes",
+            "model.class_method=frequency",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=8",
+            f"tracking.uri={uri}",
+            f"callbacks.model_checkpoint.dirpath={tmp_path}/c",
+        )
+        run_id, _ = ledger.run(cfg)
+    run = mlflow.MlflowClient(uri).get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params["model.output"] == "classes"
+    scorer = RunScorer(uri, run_id)
+    again = perplexity_of(np.exp(scorer.logprob(scorer.split("test")).astype(np.float64)))
+    assert again == pytest.approx(run.data.metrics["test_ppl"], rel=1e-6)
+    module = scorer.model()
+    assert module.classes is not None and module.layer.name == "word classes"
+    with torch.no_grad():
+        logp = module.next_logprobs([scorer.words(PROMPT)])[0].double()
+    assert float(logp.exp().sum()) == pytest.approx(1.0, abs=1e-5)

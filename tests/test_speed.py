@@ -165,6 +165,13 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in result.stdout.splitlines()]
+    rate = {line["what"].split()[1]: line["matmul_gflops"] for line in lines[:2]}
+    matmul = {
+        line["what"]: rate["bfloat16" if line.get("resolved", "").startswith("bf16") else "float32"]
+        for line in lines[2:]
+    }
+    matmul |= {"train bf16-mixed": rate["bfloat16"]}  # its products: bfloat16; a class layer's small ones: float32
+    matmul |= {line["what"]: rate["float32"] for line in lines if line["what"].startswith("train classes")}
     assert [line["what"] for line in lines] == [
         "matmul float32",
         "matmul bfloat16",
@@ -189,9 +196,15 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         low, high = line[f"{rate}_range"]
         assert 0 < low <= line[rate] <= high, line
         assert line["repeats"] == 3 and line["seconds"] >= 3 * 0.01 and line.get("steps", line.get("passes")) >= 3
-        computes_less = line["what"].startswith(("train sampled", "train classes"))  # than the layer shapes count
-        if line["what"].startswith(("train", "eval")) and not computes_less:
-            assert 0 < line["achieved_gflops"] and 0 < line["matmul_gflops"]
+        if line["what"].startswith(("train", "eval")):  # how far from the limit: FLOPs, their rate, its share
+            assert line["achieved_gflops"] == pytest.approx(
+                line["tokens_per_s"] * line["flops_per_token"] / 1e9, rel=1e-3, abs=1e-3
+            )
+            assert (
+                0
+                < line["share_of_matmul"]
+                == pytest.approx(line["achieved_gflops"] / matmul[line["what"]], rel=1e-3, abs=1e-3)
+            )
     auto, sampled = lines[5], lines[6]
     assert auto["resolved"] in ("32-true", "bf16-mixed") and auto["auto"].startswith(auto["resolved"])
     assert (sampled["samples"], sampled["proposal"], sampled["x_32-true"] > 0) == (500, "bigram", True)
@@ -205,7 +218,8 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
 
 
 def tiny_bench(tiny_path: Path, tmp_path: Path, *overrides: str) -> list[dict]:
-    """nplm-bench on MLP9 and 2,000 training tokens of the tiny corpus, 2 rounds of 0.01 s a line: its JSON lines."""
+    """nplm-bench on MLP9 (unless the overrides name another experiment) and 2,000 training tokens of the tiny corpus,
+    2 rounds of 0.01 s a line: its JSON lines."""
     result = run_script(
         "nplm-bench",
         f"data.path={tiny_path}",
@@ -233,6 +247,32 @@ def test_bench_measures_the_energy_network_sampled_and_a_class_layer_with_its_me
         ("train sampled", "energy", None),
         ("train classes 32-true", None, "frequency"),
     ]
+
+
+@pytest.mark.slow  # two small sequence models' benches: about 30 s
+@pytest.mark.parametrize("family", ["lstm", "transformer"])
+def test_bench_gives_every_family_the_lines_of_eq1_with_their_ceilings(
+    family: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """`nplm-bench experiment=lstm` (or transformer): the same train, sampled and class lines as eq. (1)'s, each with
+    its FLOPs a token from the family's shapes; eq. (1)'s own lines (the plain baseline) are skipped with a note."""
+    small = ["model.width=16", "optim.batch_size=4"] + (
+        ["model.context=8", "model.heads=2"] * (family == "transformer")
+    )
+    what = "bench.what=[matmul,baseline,train,sampled,classes]"
+    lines = tiny_bench(tiny_brown_path, tmp_path, f"experiment={family}", *small, what, "bench.warmup=2")
+    assert [line["what"] for line in lines] == [
+        "matmul float32",
+        "matmul bfloat16",
+        "train 32-true",
+        "train sampled",
+        "train classes 32-true",
+    ]
+    exact, sampled, classes = lines[2:]
+    assert {line["family"] for line in lines} == {family}
+    assert exact["flops_per_token"] > classes["flops_per_token"] > 0 and sampled["flops_per_token"] > 0
+    assert all(line["share_of_matmul"] > 0 for line in lines[2:])
+    assert classes["classes"] < classes["rows_per_token"] < classes["vocab_size"]
 
 
 @pytest.mark.slow  # about 15 s of timed rounds

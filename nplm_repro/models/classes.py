@@ -8,12 +8,17 @@ y_w = b_w + W_w . x + U_w . tanh(d + Hx) restricted to them. It is an exact, nor
 
 A token's loss needs its class's row of the class layer and the rows of its class's words only: about |classes| +
 |class size| output rows instead of |V|, 45 to 67 times fewer multiply-adds for MLP9 on Brown (exchange, frequency
-classes). A batch's rows are grouped
-by class and each class the batch holds is one small product (`_LogNormalisers`); `log_probs` (generation, the
+classes). The classes are grouped by size into buckets of one padded size (`Buckets`: powers of two up to 512
+words, multiples of 512 above), and a batch's tokens of one bucket are one batched product, its classes against their
+words (`_LogNormalisers`): about ten products a step, whatever the number of classes, where one product per class
+made about ninety, each too small to pay for its own call (docs/performance.md). `log_probs` (generation, the
 MLflow Model) still computes every word.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +35,7 @@ class ClassOutput(nn.Module):
 
     def __init__(self, vocab_size: int, count: int, widths: list[int], classes: torch.Tensor | None = None) -> None:
         super().__init__()
+        self._buckets: Buckets | None = None
         self.Kc = nn.ParameterList(_uniform(count, width, fan_in=sum(widths)) for width in widths)
         self.bc = nn.Parameter(torch.zeros(count))
         for name, size in (("word_class", vocab_size), ("order", vocab_size), ("start", count), ("size", count)):
@@ -41,6 +47,7 @@ class ClassOutput(nn.Module):
     def assign(self, classes: torch.Tensor) -> None:
         """Words sorted by class (`order`) and each class's span of that order (`start`, `size`): a class's words
         are one slice of `order`."""
+        self._buckets = None
         self.word_class.copy_(classes)
         self.order.copy_(torch.argsort(classes, stable=True))
         self.size.copy_(torch.bincount(classes, minlength=len(self.size)))
@@ -58,16 +65,24 @@ class ClassOutput(nn.Module):
         y_t = b.index_select(0, target)
         for inputs, weight in terms:
             y_t = y_t + (inputs * weight.index_select(0, target)).sum(1)
-        # the batch's rows grouped by class, and the words of each class it holds, in the same order
-        by_class = torch.argsort(k, stable=True)
-        present, tokens = torch.unique_consecutive(k[by_class], return_counts=True)
-        sizes = self.size[present]
-        spans = torch.repeat_interleave(self.start[present] - (torch.cumsum(sizes, 0) - sizes), sizes)
-        words = self.order[spans + torch.arange(int(sizes.sum()), device=target.device)]
-        pairs = [t for inputs, weight in terms for t in (inputs.index_select(0, by_class), weight)]
-        log_z = _LogNormalisers.apply(words, tokens.tolist(), sizes.tolist(), b, *pairs)
-        log_z = torch.empty_like(log_z).index_copy(0, by_class, log_z)  # back in the batch's order
+        z = terms[0][0] if len(terms) == 1 else torch.cat([inputs for inputs, _ in terms], 1)
+        log_z = _LogNormalisers.apply(self.buckets(), k, b, z, *(weight for _, weight in terms))
         return self._class_logprobs(terms).gather(1, k[:, None])[:, 0] + y_t - log_z
+
+    def buckets(self) -> Buckets:
+        """The classes' buckets, made from the buffers at first use after they changed (`assign`, a state dict
+        loaded, a move to another device)."""
+        if self._buckets is None:
+            self._buckets = Buckets(self.order, self.start, self.size)
+        return self._buckets
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        self._buckets = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _apply(self, *args: Any, **kwargs: Any) -> ClassOutput:
+        self._buckets = None
+        return super()._apply(*args, **kwargs)
 
     def log_probs(self, terms: Terms, b: torch.Tensor) -> torch.Tensor:
         """ln P(w | context) of every word [B, |V|]."""
@@ -81,59 +96,95 @@ class ClassOutput(nn.Module):
         return self._class_logprobs(terms).gather(1, k) + y - log_z
 
 
+BUCKET_LIMIT = 512  # classes up to this many words pad to a power of two, larger ones to a multiple of it
+
+
+def padded_size(size: int) -> int:
+    """The padded width of a class of `size` words: at most twice its size, and under 50% more above BUCKET_LIMIT."""
+    if size <= BUCKET_LIMIT:
+        return max(16, 1 << math.ceil(math.log2(size)))
+    return -(-size // BUCKET_LIMIT) * BUCKET_LIMIT
+
+
+class Buckets:
+    """The classes grouped by padded size: bucket g's classes' words are the rows of `words[g]` [classes, width]
+    (padding: word 0, with `pad[g]` -inf so that it adds nothing), and each class's bucket and row in it. `key`
+    sorts a batch's tokens by bucket, then by class."""
+
+    def __init__(self, order: torch.Tensor, start: torch.Tensor, size: torch.Tensor) -> None:
+        sizes = size.tolist()
+        padded = [padded_size(s) for s in sizes]
+        widths = sorted(set(padded))
+        device = order.device
+        self.bucket = torch.tensor([widths.index(p) for p in padded], device=device)
+        self.row = torch.zeros(len(sizes), dtype=torch.int64, device=device)
+        self.words: list[torch.Tensor] = []
+        self.pad: list[torch.Tensor] = []
+        for width in widths:
+            members = [c for c, p in enumerate(padded) if p == width]
+            columns = torch.arange(width, device=device)
+            starts, counts = start[members], size[members]
+            inside = columns < counts[:, None]
+            self.row[members] = torch.arange(len(members), device=device)
+            self.words.append(torch.where(inside, order[(starts[:, None] + columns).clamp(max=len(order) - 1)], 0))
+            self.pad.append(torch.zeros(inside.shape, device=device).masked_fill(~inside, -math.inf))
+        self.key = self.bucket * len(sizes) + self.row
+
+
 class _LogNormalisers(Function):
-    """log of the sum over the words w of its class of exp(y_w), for every row of a batch sorted by class: one
-    product per class the batch holds (its rows against its words), so no (row, word) pair is gathered with its
-    inputs, and the gradient reaches only those words' rows. `words`: the classes' words, class after class;
-    `tokens`, `sizes`: rows and words per class; then b, and (input, weight) pairs, each input's rows sorted by class.
-    A batch of 256 holds 88 to 96 of 134 classes, so a step makes about 90 small products each way: Python's loop
-    costs more than their arithmetic (docs/performance.md)."""
+    """log of the sum over the words w of a token's class of exp(y_w), y = b + z O^T, for every token of a batch: the
+    tokens grouped by bucket (`Buckets`), and in each bucket by class, padded to the bucket's most tokens in a class;
+    one batched product per bucket, each class's tokens against its words. The gradient reaches only those words'
+    rows of O and b. Arguments: the buckets, each token's class, b, z [B, width] (the output inputs side by side),
+    then the output weights whose columns z's are."""
 
     @staticmethod
-    def forward(ctx, words, tokens, sizes, b, *pairs):  # type: ignore[override]
-        with torch.autocast(words.device.type, enabled=False):  # small products: float32, as the backward's
-            return _LogNormalisers._forward(ctx, words, tokens, sizes, b, *(p.float() for p in pairs))
+    def forward(ctx, buckets, k, b, z, *weights):  # type: ignore[override]
+        with torch.autocast(z.device.type, enabled=False):  # small products: float32, as the backward's
+            return _LogNormalisers._forward(ctx, buckets, k, b.float(), z.float(), *(w.float() for w in weights))
 
     @staticmethod
-    def _forward(ctx, words, tokens, sizes, b, *pairs):  # type: ignore[no-untyped-def]
-        inputs, weights = pairs[0::2], pairs[1::2]
-        gathered = [weight.index_select(0, words) for weight in weights]
-        xs = [x.split(tokens) for x in inputs]
-        os = [g.split(sizes) for g in gathered]
-        bs = b.index_select(0, words).split(sizes)
-        trains = any(ctx.needs_input_grad)
-        log_z, probs = [], []
-        for c in range(len(tokens)):
-            y = torch.addmm(bs[c], xs[0][c], os[0][c].T)
-            for i in range(1, len(inputs)):
-                y.addmm_(xs[i][c], os[i][c].T)
-            norm = torch.logsumexp(y, 1)
-            log_z.append(norm)
-            if trains:  # the softmax within the class: the gradient's weights
-                probs.append(y.sub_(norm[:, None]).exp_())
-        ctx.save_for_backward(words, *inputs, *gathered)
-        ctx.shape = tokens, sizes, len(b), [w.shape[0] for w in weights]
-        ctx.probs = probs
-        return torch.cat(log_z)
+    def _forward(ctx, buckets, k, b, z, *weights):  # type: ignore[no-untyped-def]
+        key = buckets.key[k]
+        by = torch.argsort(key, stable=True)
+        tokens = torch.unique_consecutive(key[by], return_counts=True)[1]  # per class present, in key order
+        last = by[torch.cumsum(tokens, 0) - 1]  # a token of each class present
+        bucket, row = buckets.bucket[k[last]], buckets.row[k[last]]
+        log_z, saved = z.new_empty(len(k)), []
+        done = classes_done = 0
+        for g, count in zip(*(t.tolist() for t in torch.unique_consecutive(bucket, return_counts=True))):
+            per = tokens[classes_done : classes_done + count]
+            rows = row[classes_done : classes_done + count]
+            n, most = int(per.sum()), int(per.max())
+            chosen = by[done : done + n]
+            which = torch.repeat_interleave(torch.arange(count, device=k.device), per)
+            slot = which * most + torch.arange(n, device=k.device) - (torch.cumsum(per, 0) - per)[which]
+            Z = z.new_zeros(count * most, z.shape[1]).index_copy_(0, slot, z.index_select(0, chosen))
+            words = buckets.words[g].index_select(0, rows).view(-1)
+            O = torch.cat([w.index_select(0, words) for w in weights], 1).view(count, -1, z.shape[1])
+            bias = b.index_select(0, words).view(count, 1, -1) + buckets.pad[g].index_select(0, rows)[:, None, :]
+            y = torch.baddbmm(bias, Z.view(count, most, -1), O.transpose(1, 2))
+            norm = torch.logsumexp(y, -1)
+            log_z.index_copy_(0, chosen, norm.view(-1).index_select(0, slot))
+            saved.append((chosen, slot, Z, O, words, y.sub_(norm[..., None]).exp_()))  # the softmax in its class
+            done, classes_done = done + n, classes_done + count
+        ctx.saved = saved
+        ctx.shapes = [w.shape for w in weights], len(b)
+        return log_z
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        tokens, sizes, vocab, heights = ctx.shape
-        words, *saved = ctx.saved_tensors
-        inputs, gathered = saved[: len(heights)], saved[len(heights) :]
-        d_inputs = [torch.empty_like(x) for x in inputs]
-        d_gathered = [torch.zeros_like(g) for g in gathered]
-        d_b = grad.new_zeros(len(words))
-        xs, os = [x.split(tokens) for x in inputs], [g.split(sizes) for g in gathered]
-        dxs, dos = [d.split(tokens) for d in d_inputs], [d.split(sizes) for d in d_gathered]
-        dbs, grads = d_b.split(sizes), grad.split(tokens)
-        for c, p in enumerate(ctx.probs):
-            p.mul_(grads[c][:, None])
-            for i in range(len(inputs)):
-                torch.mm(p, os[i][c], out=dxs[i][c])
-                dos[i][c].addmm_(p.T, xs[i][c])
-            dbs[c].add_(p.sum(0))
-        ctx.probs = None
-        d_weights = [d.new_zeros(height, d.shape[1]).index_add_(0, words, d) for d, height in zip(d_gathered, heights)]
-        pairs = [t for pair in zip(d_inputs, d_weights) for t in pair]
-        return None, None, None, grad.new_zeros(vocab).index_add_(0, words, d_b), *pairs
+        shapes, vocab = ctx.shapes
+        d_z = grad.new_zeros(len(grad), sum(shape[1] for shape in shapes))
+        d_weights = [grad.new_zeros(shape) for shape in shapes]
+        d_b = grad.new_zeros(vocab)
+        for chosen, slot, Z, O, words, p in ctx.saved:
+            count, most, _ = p.shape
+            p.mul_(grad.new_zeros(count * most).index_copy_(0, slot, grad.index_select(0, chosen)).view(count, most, 1))
+            d_z.index_copy_(0, chosen, torch.bmm(p, O).view(count * most, -1).index_select(0, slot))
+            d_O = torch.bmm(p.transpose(1, 2), Z.view(count, most, -1)).view(len(words), -1)
+            for d, part in zip(d_weights, d_O.split([shape[1] for shape in shapes], 1)):
+                d.index_add_(0, words, part)
+            d_b.index_add_(0, words, p.sum(1).view(-1))
+        ctx.saved = None
+        return None, None, d_b, d_z, *d_weights

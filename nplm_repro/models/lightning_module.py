@@ -33,7 +33,6 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
-from torch.nn import functional as F
 
 from nplm_repro.data.clustering import OUTPUT_METHODS, output_classes
 from nplm_repro.data.corpus import Corpus
@@ -41,21 +40,13 @@ from nplm_repro.data.splits import SPLITS, Sizes
 from nplm_repro.data.streams import StreamBatches
 from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
-from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.classes import ClassOutput
 from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.outputs import Head, OutputLayer, Softmax, choose
 from nplm_repro.models.precision import PRECISIONS
-from nplm_repro.models.sampled_loss import (
-    ESTIMATORS,
-    PROPOSALS,
-    Proposal,
-    SparseSGD,
-    draw,
-    layer_outputs,
-    sampled_cross_entropy,
-)
+from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS, Proposal, SparseSGD
 from nplm_repro.models.schedules import schedules
 from nplm_repro.rules import MIX_MODES, Rule, at_least, flag, number, one_of, optional
 
@@ -72,6 +63,10 @@ TRAINING: dict[str, Rule] = {
     "trainer.max_steps": optional(_limit),
     # ddp_spawn keeps the job (its MLflow run, its lock) in this process; ddp would re-run the whole command
     "trainer.strategy": one_of("auto", "ddp_spawn"),
+}
+OUTPUT: dict[str, Rule] = {  # the word-class output layer (§5.2), any family's: models/classes.py
+    "model.classes": optional(at_least(2)),
+    "model.class_method": one_of(*OUTPUT_METHODS),
 }
 SAMPLED: dict[str, Rule] = {
     "optim.samples": at_least(1),
@@ -100,17 +95,30 @@ class LanguageModule(L.LightningModule):
     the training loss's bookkeeping and tokens/s. Asked, so that no caller names a family: `batches` (what the
     model reads of a split), `next_logprobs` (the next word's distribution after contexts, for generation and the
     MLflow Model), `context_needed` and `word_features` (the input embedding, for the features artifacts).
-    A subclass defines `training_step`, `_token_nll` and those four.
+    Its output layer is asked too (models/outputs.py): a subclass defines `head` (what the layer reads of a batch),
+    and the run's `layer` (exact float32, bfloat16, sampled or word classes) turns it into the training loss, the
+    exact scores and the next word's distribution, so no training step names an output layer or a model class.
+    A subclass defines `head`, `proposal_pairs` and those four.
     """
 
     family = ""  # its name in run keys and reports (nplm_repro.tracking.keys)
     label = ""  # its name for people: reports, the features artifacts
     colour = "C0"  # its colour in the reports' figures (matplotlib's cycle)
     trained = True  # by Lightning, with weights and a Model (an n-gram is counted)
+    # nplm-bench's lines for it: eq. (1) adds a plain PyTorch NPLM (`baseline`) and its mixtures with the trigram
+    bench_lines = ("matmul", "train", "sampled", "profile", "classes", "eval")
     evaluated = SPLITS  # the splits a run scores at its end (a slow scorer leaves out train, which no report needs)
     optim: dict[str, Any]
     _slots: list[int] | None = None
     _resumed_rng: dict[str, Any] | None = None  # the generators' states a checkpoint brought, until training starts
+    output = "standard"  # model.output: the distribution it gives (models/outputs.py)
+    classes: ClassOutput | None  # model.output=classes: the class layer (its weights, its words' classes)
+    proposal: Proposal | None = None  # sampled training's, counted on the training split when training starts
+    layer: OutputLayer = Softmax()  # the output layer (`choose`): exact until training picks the run's own
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classes = None  # an instance's, not the class's: nn.Module finds a submodule only where nothing shadows it
 
     def score_as(self, splits: Sequence[str]) -> None:
         """`Trainer.test`'s dataloader i is split `splits[i]` (its perplexity is logged under that name); a span that is
@@ -120,7 +128,7 @@ class LanguageModule(L.LightningModule):
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
         """The values of the keys this family reads that make sense (config_checks.check_config applies them)."""
-        rules = dict(TRAINING)
+        rules = dict(TRAINING) | OUTPUT
         if cfg.optim.get("output") == "sampled":
             rules |= SAMPLED
         return rules
@@ -128,6 +136,21 @@ class LanguageModule(L.LightningModule):
     @classmethod
     def check(cls, cfg: Any) -> None:
         """What its values must satisfy together, beyond each key's rule: raise NplmError in one line."""
+        if cfg.model.get("output") == "classes" and cfg.optim.get("output") == "sampled":
+            raise NplmError(
+                "model.output=classes trains exactly (optim=fast or paper): its point is an exact softmax that "
+                "costs |classes| + |class size| rows, not a sampled one"
+            )
+
+    @classmethod
+    def check_sizes(cls, cfg: Any, sizes: Sizes) -> None:
+        """model.output=classes puts the training split's words in classes (data/clustering.py): at most one a word."""
+        classes = cfg.model.get("classes")
+        if cfg.model.get("output") == "classes" and None not in (classes, sizes.words) and classes > sizes.words:
+            raise NplmError(
+                f"model.classes={classes} is more classes than the training split has distinct words "
+                f"({sizes.words:,}): expected an integer from 2 to {sizes.words:,}"
+            )
 
     @classmethod
     def mixes(cls, cfg: Any) -> bool:
@@ -149,9 +172,63 @@ class LanguageModule(L.LightningModule):
     def word_features(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def _token_nll(self, batch: Any) -> torch.Tensor:
-        """-ln P of the batch's scored tokens, in the split's order, float32 from the exact softmax."""
+    @property
+    def output_width(self) -> int:
+        """The output layer's inputs a token: the width of its terms side by side."""
         raise NotImplementedError
+
+    def flops_per_token(self, rows: float) -> float:
+        """Forward FLOPs of one token (2 a multiply-add, counted from the layer shapes) when its output layer computes
+        `rows` rows (|V| for the softmax; nplm-bench's FLOP ceilings); training is about three times that."""
+        raise NotImplementedError
+
+    def head(self, batch: Any, training: bool) -> Head:
+        """What the output layer reads of `batch`: its scored tokens' targets and the layer's inputs (models/outputs.py);
+        `training`: for a training step, else for scoring."""
+        raise NotImplementedError
+
+    def proposal_pairs(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each training target and the word before it, from the training batches, for sampled training's proposal
+        (None: batches it does not read)."""
+        raise NotImplementedError
+
+    def _token_nll(self, batch: Any) -> torch.Tensor:
+        """-ln P of the batch's scored tokens, in the split's order, float32 from the exact distribution."""
+        return self.layer.token_nll(self.head(batch, training=False))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        head = self.head(batch, training=True)
+        loss = self.layer.loss(head)
+        self._count(loss, len(head.target), batch_idx)
+        return self._weighed(loss, len(head.target))
+
+    def _weighed(self, loss: torch.Tensor, tokens: int) -> torch.Tensor:
+        """The loss a step descends, from the batch's mean (a recipe may weigh a short batch less)."""
+        return loss
+
+    def on_train_start(self) -> None:
+        """The run's output layer, now that the precision is resolved; sampled training's proposal first, counted on
+        the training batches (each target, the word before it)."""
+        if self.optim.get("output", "exact") == "sampled" and (
+            pairs := self.proposal_pairs(self.trainer.train_dataloader)
+        ):
+            self.proposal = Proposal(*pairs, self.b_size(), self.optim["proposal"]).to(self.device)
+        self.layer = choose(self.classes, self.optim, self.trainer.precision, self.proposal, self._settle)
+
+    def b_size(self) -> int:
+        """|V|: the output biases' length."""
+        raise NotImplementedError
+
+    def _output_layer(
+        self, vocab_size: int, output: str, classes: int | None, widths: list[int], word_classes: torch.Tensor | None
+    ) -> None:
+        """model.output=classes: the class layer over outputs of `widths`, of `classes` classes, `word_classes` (the
+        builder's `word_classes`; a checkpoint restores them without). The exact output layer until training picks
+        the run's own (`on_train_start`)."""
+        self.output = output
+        if output == "classes":
+            self.classes = ClassOutput(vocab_size, classes or class_count(vocab_size), widths, word_classes)
+        self.layer = choose(self.classes, {}, "32-true", None, self._settle)
 
     def _count(self, loss: torch.Tensor, tokens: int, batch_idx: int) -> None:
         # Logged by hand, not by self.log(on_step, on_epoch) on every batch: that costs about 4% of a step.
@@ -289,9 +366,21 @@ def class_count(vocab_size: int) -> int:
     return max(2, round(math.sqrt(vocab_size)))
 
 
+def word_classes(model: Any, corpus: Corpus) -> dict[str, Any]:
+    """model.output=classes: the class of every word, by model.class_method on `corpus`'s training split
+    (data/clustering.py), and how many classes that made (frequency bins may fill fewer): the constructor's
+    `word_classes` and `classes`. Nothing for another output."""
+    if model.get("output", "standard") != "classes":
+        return {}
+    count = model.get("classes") or class_count(corpus.vocab_size)
+    found = torch.from_numpy(output_classes(corpus, count, model.get("class_method", "exchange")))
+    return {"word_classes": found, "classes": int(found.max()) + 1}
+
+
 class NPLMModule(LanguageModule):
     family = "mlp"  # its name in run keys and reports (nplm_repro.tracking.keys)
     label = "MLP"
+    bench_lines = (*LanguageModule.bench_lines, "baseline", "mixture")
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
@@ -303,8 +392,6 @@ class NPLMModule(LanguageModule):
             "model.mix": one_of(*MIX_MODES),
             "model.features": one_of(*FEATURES),
             "model.output": one_of(*OUTPUTS),
-            "model.classes": optional(at_least(2)),
-            "model.class_method": one_of(*OUTPUT_METHODS),
             "optim.recipe": one_of("paper", "fast"),
             # the recipes' rate schedules, each on when set (`schedules`); torch drops only by a factor < 1
             "optim.decay_rate": optional(number(0)),
@@ -312,6 +399,7 @@ class NPLMModule(LanguageModule):
 
     @classmethod
     def check(cls, cfg: Any) -> None:
+        super().check(cfg)
         if cfg.model.h == 0 and not cfg.model.direct:
             raise NplmError(
                 "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
@@ -319,11 +407,6 @@ class NPLMModule(LanguageModule):
         output = cfg.model.get("output", "standard")
         if output == "energy" and cfg.model.h == 0:
             raise NplmError("model.output=energy needs model.h >= 1 (its energy is v . tanh(d + Hx))")
-        if output == "classes" and cfg.optim.get("output") == "sampled":
-            raise NplmError(
-                "model.output=classes trains exactly (optim=fast or paper): its point is an exact softmax that "
-                "costs |classes| + |class size| rows, not a sampled one"
-            )
         o = cfg.optim
         # SparseSGD keeps the log of each step's decay factor, 1 - lr x batch_size x weight_decay (one device)
         if o.get("output") == "sampled" and o.lr * o.batch_size * o.weight_decay >= 1:
@@ -331,16 +414,6 @@ class NPLMModule(LanguageModule):
                 f"optim.lr={o.lr} x optim.batch_size={o.batch_size} x optim.weight_decay={o.weight_decay} = "
                 f"{o.lr * o.batch_size * o.weight_decay:.3g}: sampled training decays the weights by 1 - that "
                 f"product a step, so it must be < 1 (optim.lr < {1 / (o.batch_size * o.weight_decay):.4g} here)"
-            )
-
-    @classmethod
-    def check_sizes(cls, cfg: Any, sizes: Sizes) -> None:
-        """model.output=classes puts the training split's words in classes (data/clustering.py): at most one a word."""
-        classes = cfg.model.get("classes")
-        if cfg.model.get("output") == "classes" and None not in (classes, sizes.words) and classes > sizes.words:
-            raise NplmError(
-                f"model.classes={classes} is more classes than the training split has distinct words "
-                f"({sizes.words:,}): expected an integer from 2 to {sizes.words:,}"
             )
 
     def __init__(
@@ -366,19 +439,16 @@ class NPLMModule(LanguageModule):
         super().__init__()
         # kept for load_from_checkpoint (the state dict holds C and the word classes); the run logs the config itself
         self.save_hyperparameters(ignore=["lsi", "word_classes"], logger=False)
-        self.output = output
         self.model = (EnergyNPLM if output == "energy" else NPLM)(vocab_size, n, m, h, direct)
         if output == "energy":  # its exact scores cost |V| x h tanh per token: train's 800,000 would take as long as
             self.evaluated = ("valid", "test")  # the rest of the run, and no report needs them
-        self.classes: ClassOutput | None = None
-        if output == "classes":
-            widths = [(n - 1) * m] * direct + [h] * bool(h)  # NPLM.output_terms: (x, W), (tanh(d + Hx), U)
-            self.classes = ClassOutput(vocab_size, classes or class_count(vocab_size), widths, word_classes)
+        widths = [(n - 1) * m] * direct + [h] * bool(h)  # NPLM.output_terms: (x, W), (tanh(d + Hx), U)
+        self._output_layer(vocab_size, output, classes, widths, word_classes)
+        self._own_outputs = output == "energy"  # its y is no sum of products: it gives its logits and sampled outputs
         if lsi is not None:
             self.model.C.data.copy_(lsi)
         self.model.C.requires_grad_(features == "learned")
         self.optim = dict(optim)
-        self.proposal: Proposal | None = None  # sampled training's, built from the training windows
         self._reset()
 
     @classmethod
@@ -386,24 +456,17 @@ class NPLMModule(LanguageModule):
         """Eq. (1) for `cfg.model` on `corpus`'s vocabulary. With model.features=fixed_lsi, C starts from the training
         split's co-occurrence counts within n-1 words, reduced to m principal directions (models/features.py)."""
         architecture = {k: v for k, v in cfg.model.items() if k not in ("mix", "_target_")}
-        lsi = word_classes = None
+        lsi = None
         if architecture.get("features", "learned") == "fixed_lsi":
             start, end = corpus.bounds["train"]
             lsi = lsi_features(corpus.ids[start:end].numpy(), corpus.vocab_size, cfg.model.n - 1, cfg.model.m, cfg.seed)
-        if architecture.get("output") == "classes":
-            count = architecture.get("classes") or class_count(corpus.vocab_size)
-            word_classes = torch.from_numpy(output_classes(corpus, count, architecture.get("class_method", "exchange")))
-            architecture["classes"] = int(word_classes.max()) + 1  # frequency bins may fill fewer
-        return cls(
-            vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, word_classes=word_classes, **architecture
-        )
+        architecture |= word_classes(cfg.model, corpus)
+        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, **architecture)
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:
         """Log-probabilities log P(w | context), [batch, |V|], from float32 logits."""
         with self._float32():
-            if self.classes is not None:
-                return self.classes.log_probs(self.model.output_terms(context), self.model.b)
-            return F.log_softmax(self.model(context), dim=-1)
+            return self.layer.log_probs(self.head((context, None), training=False))
 
     def batches(
         self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
@@ -422,44 +485,52 @@ class NPLMModule(LanguageModule):
     def word_features(self) -> torch.Tensor:
         return self.model.C.detach()
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        context, target = batch
-        if self.classes is not None:
-            loss = -self.classes.token_logprob(self.model.output_terms(context), self.model.b, target).mean()
-        elif self.optim.get("output", "exact") == "sampled":  # checkpoints from before sampling have no key
-            with self._float32():
-                q = self.proposal.distribution(context[:, 0])
-                o = self.optim
-                sample = draw(q, o["samples"])
-                self._settle(torch.cat([context.flatten(), target, sample.words]))  # the rows this step reads
-                if isinstance(self.model, EnergyNPLM):
-                    outputs = functools.partial(self.model.sampled_outputs, context, target)
-                else:
-                    outputs = layer_outputs(self.model.output_terms(context, sparse=True), self.model.b, target)
-                loss = sampled_cross_entropy(outputs, target, q, sample, o["estimator"])
-        elif isinstance(self.model, EnergyNPLM):
-            loss = F.cross_entropy(self.model(context), target)
-        elif self.trainer.precision == "bf16-mixed":
-            loss = bf16_cross_entropy(self.model.output_terms(context), self.model.b, target)
-        else:
-            loss = F.cross_entropy(self.model(context), target)
-        self._count(loss, len(target), batch_idx)
-        # The step is lr x batch_size words of mean loss: a short last batch of k words weighs k, not batch_size
-        return loss if len(target) == self.optim["batch_size"] else loss * (len(target) / self.optim["batch_size"])
+    @property
+    def output_width(self) -> int:
+        """x through W (when direct) and tanh(d + Hx) through U."""
+        model = self.model
+        return (model.n - 1) * model.m * bool(model.direct) + model.h
 
-    def on_train_start(self) -> None:
-        """Sampled training draws from a proposal counted on the training windows (each target, its w_{t-1})."""
-        batches = self.trainer.train_dataloader
-        if self.optim.get("output", "exact") == "sampled" and isinstance(batches, WindowBatches):
-            rows = batches.rows.cpu()
-            self.proposal = Proposal(rows[:, -2], rows[:, -1], self.model.b.numel(), self.optim["proposal"])
-            self.proposal.to(self.device)
+    def flops_per_token(self, rows: float) -> float:
+        model = self.model
+        return 2.0 * ((model.n - 1) * model.m * model.h + self.output_width * rows)
 
-    def _token_nll(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def head(self, batch: tuple[torch.Tensor, torch.Tensor | None], training: bool) -> Head:
+        """Eq. (1)'s output terms (x, W), (tanh(d + Hx), U), or the energy network's own logits and sampled outputs."""
         context, target = batch
-        if self.classes is not None:
-            return -self.classes.token_logprob(self.model.output_terms(context), self.model.b, target)
-        return F.cross_entropy(self.model(context), target, reduction="none")
+        model = self.model
+        if self._own_outputs:
+            return Head(
+                target,
+                model.b,
+                logits=functools.partial(model, context),
+                previous=context[:, 0],
+                reads=context.flatten(),
+                outputs=functools.partial(model.sampled_outputs, context),
+            )
+        terms = functools.partial(model.output_terms, context)
+        return Head(
+            target,
+            model.b,
+            lambda sparse: terms(sparse=sparse),
+            previous=context[:, 0],
+            reads=context.flatten(),
+            logits=functools.partial(model, context),
+        )
+
+    def _weighed(self, loss: torch.Tensor, tokens: int) -> torch.Tensor:
+        """The step is lr x batch_size words of mean loss: a short last batch of k words weighs k, not batch_size."""
+        return loss if tokens == self.optim["batch_size"] else loss * (tokens / self.optim["batch_size"])
+
+    def proposal_pairs(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each training window's target and its w_{t-1}."""
+        if not isinstance(batches, WindowBatches):
+            return None
+        rows = batches.rows.cpu()
+        return rows[:, -2], rows[:, -1]
+
+    def b_size(self) -> int:
+        return self.model.b.numel()
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim

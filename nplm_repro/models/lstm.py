@@ -43,9 +43,14 @@ class LSTMModule(SequenceModule):
         bptt: int,
         optim: dict[str, Any],
         init: float = 0.1,
+        output: str = "standard",
+        classes: int | None = None,
+        class_method: str = "exchange",
+        word_classes: torch.Tensor | None = None,
     ) -> None:
+        """`output`, `classes`, `class_method`, `word_classes`: the output layer (models/sequence.py)."""
         super().__init__(optim)
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(ignore=["word_classes"], logger=False)
         self.embedding = nn.Embedding(vocab_size, width)
         self.lstm = nn.LSTM(width, width, layers, dropout=dropout if layers > 1 else 0.0, batch_first=True)
         self.drop = nn.Dropout(dropout)
@@ -55,10 +60,16 @@ class LSTMModule(SequenceModule):
             if p.dim() >= 2:
                 nn.init.uniform_(p, -init, init)
         self.bptt = bptt
+        self._output_layer(vocab_size, output, classes, [width], word_classes)
 
     def hidden(self, x: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
         out, state = self.lstm(self.drop(self.embedding(x)), state)
         return self.drop(out), state
+
+    def flops_per_token(self, rows: float) -> float:
+        """Each layer's four gates from its input and its state (8 width^2 multiply-adds), then the output layer."""
+        width = self.output_width
+        return 2.0 * (self.lstm.num_layers * 8 * width * width + width * rows)
 
     def carry(self, state: State) -> State:
         return tuple(s.detach() for s in state)

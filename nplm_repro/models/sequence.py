@@ -2,10 +2,11 @@
 three ways to train it, its two optimiser recipes and its exact evaluation.
 
 The output layer is the MLP's: y = b + O h, with O the output word vectors (tied to the input embedding, or its
-own) and h the network's last hidden vector at each position. It trains exactly (the float32 softmax, or its
-products in bfloat16 where `trainer.precision` resolves to bf16-mixed, as the MLP's) or sampled (`optim=sampled`:
-the same importance sampling from the same bigram proposal, counted on the training stream). Evaluation is the
-exact float32 softmax of every token, whatever trained it.
+own) and h the network's last hidden vector at each position, through the same output layers (models/outputs.py):
+exact (the float32 softmax, or its products in bfloat16 where `trainer.precision` resolves to bf16-mixed), sampled
+(`optim=sampled`: the same importance sampling from the same bigram proposal, counted on the training stream), or
+word classes (`model.output=classes`, §5.2's factored softmax, exact). Evaluation is the exact float32
+distribution of every token, whatever trained it.
 
 Recipes (`optim.recipe`):
 - `sgd`: Zaremba et al. (2014): SGD on the batch's mean loss at rate `optim.lr`, the gradient's norm clipped at
@@ -21,22 +22,22 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
-from nplm_repro.models.bf16_loss import bf16_cross_entropy
-from nplm_repro.models.lightning_module import LanguageModule
-from nplm_repro.models.sampled_loss import Proposal, draw, layer_outputs, sampled_cross_entropy
+from nplm_repro.models.lightning_module import LanguageModule, word_classes
+from nplm_repro.models.outputs import Head
 from nplm_repro.models.schedules import schedules
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 RECIPES = ("sgd", "adamw")
+OUTPUTS = ("standard", "classes")  # model.output: the softmax over V, or §5.2's word classes (models/classes.py)
 
 
 class SequenceModule(LanguageModule):
-    """A subclass builds `self.embedding` (nn.Embedding), `self.b` and `self.O` (None when tied) and defines
-    `hidden(x, state) -> (h, state)`, [B, T] ids to [B, T, width] vectors."""
+    """A subclass builds `self.embedding` (nn.Embedding), `self.b` and `self.O` (None when tied), calls
+    `self._output_layer` (model.output=classes) and defines `hidden(x, state) -> (h, state)`, [B, T] ids to
+    [B, T, width] vectors."""
 
     embedding: nn.Embedding
     b: nn.Parameter
@@ -53,12 +54,12 @@ class SequenceModule(LanguageModule):
             "model.layers": at_least(1),
             "model.dropout": number(0, 1, high_open=True),
             "model.tie": flag(),
+            "model.output": one_of(*OUTPUTS),
         }
 
     def __init__(self, optim: dict[str, Any]) -> None:
         super().__init__()
         self.optim = dict(optim)
-        self.proposal: Proposal | None = None
         self._state: Any = None  # a recurrent state carried from batch to batch (None: none yet, or no recurrence)
         self._eval_state: Any = None  # the same while a split is scored, from the split's start
         self._reset()
@@ -73,11 +74,8 @@ class SequenceModule(LanguageModule):
 
     @classmethod
     def build(cls, cfg: Any, corpus: Corpus) -> SequenceModule:
-        return cls(
-            vocab_size=corpus.vocab_size,
-            optim=dict(cfg.optim),
-            **{k: v for k, v in cfg.model.items() if k != "_target_"},
-        )
+        architecture = {k: v for k, v in cfg.model.items() if k != "_target_"} | word_classes(cfg.model, corpus)
+        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), **architecture)
 
     def carry(self, state: Any) -> Any:
         """The state the next batch starts from (None: none; a recurrent one, detached)."""
@@ -88,8 +86,12 @@ class SequenceModule(LanguageModule):
     def output_weight(self) -> torch.Tensor:
         return self.embedding.weight if self.O is None else self.O
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(self.b, h.reshape(-1, h.shape[-1]), self.output_weight.T)
+    def _head(self, h: torch.Tensor, target: torch.Tensor | None, previous: torch.Tensor | None) -> Head:
+        """y = b + O h at every position: h [..., width] flattened to rows."""
+        rows = h.reshape(-1, h.shape[-1])
+        weight = self.output_weight
+        # sampled: O tied to the input embedding gets dense gradients from both, so its rows' gradients are dense
+        return Head(target, self.b, lambda sparse: [(rows, weight)], previous=previous, sparse=False)
 
     # -- the interface callers ask (LanguageModule) --
     def batches(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> Any:
@@ -98,13 +100,17 @@ class SequenceModule(LanguageModule):
     def word_features(self) -> torch.Tensor:
         return self.embedding.weight.detach()
 
+    @property
+    def output_width(self) -> int:
+        return self.embedding.embedding_dim
+
     @torch.no_grad()
     def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
         rows = []
         with self._float32():
             for ids in contexts:
                 h, _ = self.hidden(torch.tensor([self.window(ids)], dtype=torch.int64))
-                rows.append(F.log_softmax(self.logits(h[:, -1]), dim=-1)[0])
+                rows.append(self.layer.log_probs(self._head(h[:, -1], None, None))[0])
         return torch.stack(rows)
 
     def window(self, ids: list[int]) -> list[int]:
@@ -112,35 +118,29 @@ class SequenceModule(LanguageModule):
         return ids
 
     # -- training --
-    def on_train_start(self) -> None:
-        """Sampled training draws from a proposal counted on the training stream (each target, the token before)."""
-        batches = self.trainer.train_dataloader
-        if self.optim.get("output", "exact") == "sampled" and isinstance(batches, StreamBatches):
-            vocab = self.b.numel()
-            self.proposal = Proposal(batches.inputs.cpu(), batches.targets.cpu(), vocab, self.optim["proposal"])
-            self.proposal.to(self.device)
+    def proposal_pairs(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each token of the training stream and the token before it."""
+        return (batches.inputs.cpu(), batches.targets.cpu()) if isinstance(batches, StreamBatches) else None
+
+    def b_size(self) -> int:
+        return self.b.numel()
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
         self._state = None
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        x, y, _ = batch
-        h, state = self.hidden(x, self._state)
-        self._state = self.carry(state)
-        h, y = h.reshape(-1, h.shape[-1]), y.reshape(-1)
-        if self.optim.get("output", "exact") == "sampled":
-            with self._float32():
-                o = self.optim
-                q = self.proposal.distribution(x.reshape(-1))
-                outputs = layer_outputs([(h.float(), self.output_weight)], self.b, y, sparse=False)
-                loss = sampled_cross_entropy(outputs, y, q, draw(q, o["samples"]), o["estimator"])
-        elif self.trainer.precision == "bf16-mixed":
-            loss = bf16_cross_entropy([(h, self.output_weight)], self.b, y)
-        else:
-            loss = F.cross_entropy(self.logits(h), y)
-        self._count(loss, len(y), batch_idx)
-        return loss
+    def head(self, batch: Batch, training: bool) -> Head:
+        """Training: every position, the state carried from the last batch. Scoring: the scored positions only
+        (half a sliding window's), the state carried from the split's start."""
+        x, y, scored = batch
+        if training:
+            h, state = self.hidden(x, self._state)
+            self._state = self.carry(state)
+            return self._head(h, y.reshape(-1), x.reshape(-1))
+        h, state = self.hidden(x, self._eval_state)
+        self._eval_state = self.carry(state)
+        keep = scored.reshape(-1)  # the output layer only where a token is scored
+        return self._head(h.reshape(-1, h.shape[-1])[keep], y.reshape(-1)[keep], None)
 
     def configure_gradient_clipping(
         self,
@@ -173,13 +173,6 @@ class SequenceModule(LanguageModule):
         return [optimizer], [{"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, rate), "interval": "step"}]
 
     # -- exact evaluation: every scored token once, a split's state from its start --
-    def _token_nll(self, batch: Batch) -> torch.Tensor:
-        x, y, scored = batch
-        h, state = self.hidden(x, self._eval_state)
-        self._eval_state = self.carry(state)
-        keep = scored.reshape(-1)  # the output layer only where a token is scored: half a sliding window's
-        return F.cross_entropy(self.logits(h.reshape(-1, h.shape[-1])[keep]), y.reshape(-1)[keep], reduction="none")
-
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if batch_idx == 0:
             self._eval_state = None

@@ -76,11 +76,16 @@ class TransformerModule(SequenceModule):
         dropout: float,
         tie: bool,
         optim: dict[str, Any],
+        output: str = "standard",
+        classes: int | None = None,
+        class_method: str = "exchange",
+        word_classes: torch.Tensor | None = None,
     ) -> None:
+        """`output`, `classes`, `class_method`, `word_classes`: the output layer (models/sequence.py)."""
         super().__init__(optim)
         if width % heads:
             raise ValueError(f"width {width} is not a multiple of heads {heads}")
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(ignore=["word_classes"], logger=False)
         self.embedding = nn.Embedding(vocab_size, width)
         self.position = nn.Parameter(torch.zeros(context, width))
         self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(layers))
@@ -93,12 +98,19 @@ class TransformerModule(SequenceModule):
                 std = 0.02 / (2 * layers) ** 0.5 if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, 0.0, std)
         self.context = context
+        self._output_layer(vocab_size, output, classes, [width], word_classes)
 
     def hidden(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, None]:
         z = self.drop(self.embedding(x) + self.position[: x.shape[1]])
         for block in self.blocks:
             z = block(z)
         return self.ln(z), None
+
+    def flops_per_token(self, rows: float) -> float:
+        """A block's projections and MLP (12 width^2 multiply-adds) and its attention over half a window on average
+        (scores and values: context x width), then the output layer."""
+        width = self.output_width
+        return 2.0 * (len(self.blocks) * (12 * width * width + self.context * width) + width * rows)
 
     def window(self, ids: list[int]) -> list[int]:
         return ids[-self.context :]
