@@ -182,7 +182,8 @@ class _LogNormalisers(Function):
             slot = which * most + torch.arange(n, device=k.device) - (torch.cumsum(per, 0) - per)[which]
             Z = z.new_zeros(count * most, z.shape[1]).index_copy_(0, slot, z.index_select(0, chosen))
             words = buckets.words[g].index_select(0, rows).view(-1)
-            O = torch.cat([w.index_select(0, words) for w in weights], 1).view(count, -1, z.shape[1])
+            gathered = [w.index_select(0, words) for w in weights]
+            O = (gathered[0] if len(gathered) == 1 else torch.cat(gathered, 1)).view(count, -1, z.shape[1])
             bias = b.index_select(0, words).view(count, 1, -1) + buckets.pad[g].index_select(0, rows)[:, None, :]
             y = torch.baddbmm(bias, Z.view(count, most, -1), O.transpose(1, 2))
             norm = torch.logsumexp(y, -1)
