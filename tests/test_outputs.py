@@ -242,6 +242,7 @@ def test_a_class_layer_with_classes_of_every_padded_size_has_the_whole_distribut
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # a real LSTM run on a slice of Brown and its scoring again: about 8 s
 def test_an_lstm_with_word_classes_trains_and_is_scored_exactly(brown_path: Path, tmp_path: Path) -> None:
     """`nplm-train experiment=lstm model.output=classes`: a real run on a slice of Brown, scored again to a millionth,
     its distribution over all of V normalised."""

@@ -70,6 +70,7 @@ def test_exact_evaluation_equals_the_softmax_of_each_token_from_the_splits_start
     kept = score_splits(cfg, module, corpus, ["test"])["test"]
     inputs, targets = inputs_targets(corpus, "test")
     assert len(kept) == corpus.size("test")
+
     def logits(h: torch.Tensor) -> torch.Tensor:  # y = b + O h, written out
         return torch.addmm(module.b, h.reshape(-1, h.shape[-1]), module.output_weight.T)
 

@@ -15,7 +15,7 @@ Four layers, one chosen per run by `choose` from the config and the precision th
 | `Softmax` | standard, energy | exact | the float32 softmax over V |
 | `Bf16Softmax` | standard | exact, under bf16-mixed | the same, its three products in bfloat16 (bf16_loss.py) |
 | `SampledSoftmax` | standard, energy | sampled | importance sampling from a proposal (sampled_loss.py) |
-| `Classes` | classes | exact | a word-class softmax, a token's class's rows only (classes.py) |
+| `Classes` | classes | exact | a word-class softmax, a token's class's rows only (classes.py), in float32 |
 
 The three softmax layers share the exact distribution; `Classes` is its own (P(class) P(word | class)), exact too.
 """
@@ -132,7 +132,12 @@ class Classes(OutputLayer):
         self.classes = classes
 
     def loss(self, head: Head) -> torch.Tensor:
-        return -self.classes.token_logprob(head.linear(), head.b, head.target).mean()
+        """In float32 whatever the precision: its products are a token's class's rows, too small for bfloat16 to pay
+        (MLP9 trained 0.8 times as fast under bf16-mixed as in float32, docs/performance.md); a sequence model's
+        hidden vectors, computed before, keep the precision they were computed in."""
+        with torch.autocast(head.target.device.type, enabled=False):
+            terms = [(inputs.float(), weight) for inputs, weight in head.linear()]
+            return -self.classes.token_logprob(terms, head.b, head.target).mean()
 
     def token_nll(self, head: Head) -> torch.Tensor:
         return -self.classes.token_logprob(head.linear(), head.b, head.target)
