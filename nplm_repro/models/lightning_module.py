@@ -14,10 +14,11 @@ Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
 Perplexity is exp(mean negative log-likelihood) over every token of a split, from the exact softmax of
 float32 logits, with the per-token terms summed in float64.
 
-`trainer.precision=bf16-mixed` trains with the output layer's products in bfloat16 (bf16_loss.py, about
-3x faster on a CPU with bf16 units). `optim.output=sampled` trains in float32 with the output layer's gradient
-estimated from `optim.samples` words drawn from a proposal (sampled_loss.py). Evaluation is the exact float32
-softmax whatever the training used.
+The output layer is the run's `layer` (outputs.py), chosen once training starts: `trainer.precision=bf16-mixed`
+trains with the softmax's products in bfloat16 (bf16_loss.py, about 3x faster on a CPU with bf16 units);
+`optim.output=sampled` in float32 with the output layer's gradient estimated from `optim.samples` words drawn from a
+proposal (sampled_loss.py); `model.output=classes` with a word-class softmax (classes.py). Evaluation is the exact
+float32 distribution whatever the training used.
 """
 
 from __future__ import annotations
