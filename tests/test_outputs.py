@@ -20,7 +20,7 @@ from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.models.classes import ClassOutput
 from nplm_repro.models.energy import EnergyNPLM
-from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.lightning_module import LanguageModule, NPLMModule
 from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.sampled_loss import Proposal, draw, sampled_cross_entropy
 from nplm_repro.perplexity import perplexity_of
@@ -172,21 +172,19 @@ OUTPUTS = {
 PROMPT = "The jury said that it"
 
 
-@pytest.fixture(scope="module", params=sorted(OUTPUTS))
-def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A short MLP5 run of the output layer (one epoch of 10 steps, then validation) in a real store."""
-    workdir = tmp_path_factory.mktemp(request.param)
+def short_run(workdir: Path, brown_path: Path, *overrides: str) -> tuple[str, str]:
+    """A short run on the Brown slice (one epoch of at most 10 steps, then validation) in a real store: its store and
+    run id."""
     uri = f"sqlite:///{workdir}/mlflow.db"
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
         patch.setenv("NPLM_CACHE", str(workdir))
         cfg = composed(
-            "experiment=mlp5",
             f"data.path={brown_path}",
             *SLICE,
             "trainer.max_epochs=1",
             "trainer.limit_train_batches=10",
-            *OUTPUTS[request.param],
+            *overrides,
             f"tracking.uri={uri}",
             f"callbacks.model_checkpoint.dirpath={workdir}/c",
         )
@@ -194,19 +192,33 @@ def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pyte
     return uri, run_id
 
 
-def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[str, str]) -> None:
-    uri, run_id = row
+def scored_again(uri: str, run_id: str) -> LanguageModule:
+    """The run's test split scored again by nplm-score's code, to a millionth of its logged perplexity, and its module's
+    distribution after a prompt (generation's, the Model's) normalised over all of V: the module."""
     run = mlflow.MlflowClient(uri).get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.params["model.output"] in OUTPUTS
+    assert run.info.status == "FINISHED"
     scorer = RunScorer(uri, run_id)
     again = perplexity_of(np.exp(scorer.logprob(scorer.split("test")).astype(np.float64)))
     assert again == pytest.approx(run.data.metrics["test_ppl"], rel=1e-6)
     module = scorer.model()
-    assert isinstance(module, NPLMModule) and module.output == run.data.params["model.output"]
-    assert (module.classes is not None) == (module.layer.name == "word classes") == (module.output == "classes")
-    with torch.no_grad():  # the distribution generation and the Model read is normalised
+    with torch.no_grad():
         logp = module.next_logprobs([scorer.words(PROMPT)])[0].double()
     assert float(logp.exp().sum()) == pytest.approx(1.0, abs=1e-5)
+    return module
+
+
+@pytest.fixture(scope="module", params=sorted(OUTPUTS))
+def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A short MLP5 run of the output layer in a real store."""
+    return short_run(tmp_path_factory.mktemp(request.param), brown_path, "experiment=mlp5", *OUTPUTS[request.param])
+
+
+def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[str, str]) -> None:
+    uri, run_id = row
+    output = mlflow.MlflowClient(uri).get_run(run_id).data.params["model.output"]
+    module = scored_again(uri, run_id)
+    assert output in OUTPUTS and isinstance(module, NPLMModule) and module.output == output
+    assert (module.classes is not None) == (module.layer.name == "word classes") == (module.output == "classes")
 
 
 def test_nplm_ask_continues_a_prompt_with_it(row: tuple[str, str], ask, tmp_path: Path) -> None:
@@ -246,30 +258,8 @@ def test_a_class_layer_with_classes_of_every_padded_size_has_the_whole_distribut
 def test_an_lstm_with_word_classes_trains_and_is_scored_exactly(brown_path: Path, tmp_path: Path) -> None:
     """`nplm-train experiment=lstm model.output=classes`: a real run on a slice of Brown, scored again to a millionth,
     its distribution over all of V normalised."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(tmp_path)
-        patch.setenv("NPLM_CACHE", str(tmp_path))
-        cfg = composed(
-            "experiment=lstm",
-            f"data.path={brown_path}",
-            *SLICE,
-            "model.width=32",
-            "model.output=classes",
-            "model.class_method=frequency",
-            "trainer.max_epochs=1",
-            "trainer.limit_train_batches=8",
-            f"tracking.uri={uri}",
-            f"callbacks.model_checkpoint.dirpath={tmp_path}/c",
-        )
-        run_id, _ = ledger.run(cfg)
-    run = mlflow.MlflowClient(uri).get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.params["model.output"] == "classes"
-    scorer = RunScorer(uri, run_id)
-    again = perplexity_of(np.exp(scorer.logprob(scorer.split("test")).astype(np.float64)))
-    assert again == pytest.approx(run.data.metrics["test_ppl"], rel=1e-6)
-    module = scorer.model()
+    overrides = ("experiment=lstm", "model.width=32", "model.output=classes", "model.class_method=frequency")
+    uri, run_id = short_run(tmp_path, brown_path, *overrides)
+    assert mlflow.MlflowClient(uri).get_run(run_id).data.params["model.output"] == "classes"
+    module = scored_again(uri, run_id)
     assert module.classes is not None and module.layer.name == "word classes"
-    with torch.no_grad():
-        logp = module.next_logprobs([scorer.words(PROMPT)])[0].double()
-    assert float(logp.exp().sum()) == pytest.approx(1.0, abs=1e-5)
