@@ -390,6 +390,9 @@ def bench(cfg: DictConfig) -> None:
     cfg.trainer.precision = resolve(cfg.trainer.precision, cfg.trainer.accelerator)[0]  # what nplm-train would use
     log.info("measuring %s", OmegaConf.to_container(cfg.bench, resolve=True))
     L.seed_everything(cfg.seed, verbose=False)
+    if what == {"ngram"}:  # no trained family to build
+        bench_ngrams(cfg, corpus)
+        return
     # the train lines are the softmax over V trained exactly, whatever output layer the command names
     exact = OmegaConf.merge(cfg, {"optim": {"output": "exact"}, "model": {"output": "standard"}})
     probe = build_module(exact, corpus)  # the family's shapes: FLOPs a token, the output layer's width
@@ -402,7 +405,7 @@ def bench(cfg: DictConfig) -> None:
     shape |= {"vocab_size": corpus.vocab_size, "tokens_per_step": tokens}
     vocab = corpus.vocab_size
     train_flops = 3 * probe.flops_per_token(vocab)
-    rates = matmul_rates(cfg, vocab, tokens, probe.output_width) if what - {"ngram"} else {}  # the lines' ceilings
+    rates = matmul_rates(cfg, vocab, tokens, probe.output_width)  # the lines' ceilings
     if "matmul" in what:
         for dtype, rate in rates.items():
             emit(f"matmul {dtype}", **rate, batch=tokens, device=device_of(cfg).type, **shape)

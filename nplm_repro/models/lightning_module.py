@@ -129,7 +129,9 @@ class LanguageModule(L.LightningModule):
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
         """The values of the keys this family reads that make sense (config_checks.check_config applies them)."""
-        rules = dict(TRAINING) | OUTPUT
+        rules = dict(TRAINING)
+        if cfg.model.get("output") == "classes":  # a family without the class keys needs none of them otherwise
+            rules |= OUTPUT
         if cfg.optim.get("output") == "sampled":
             rules |= SAMPLED
         return rules
@@ -213,12 +215,9 @@ class LanguageModule(L.LightningModule):
         if self.optim.get("output", "exact") == "sampled" and (
             pairs := self.proposal_pairs(self.trainer.train_dataloader)
         ):
-            self.proposal = Proposal(*pairs, self.b_size(), self.optim["proposal"]).to(self.device)
+            vocab = len(self.word_features())  # a row of input features a word
+            self.proposal = Proposal(*pairs, vocab, self.optim["proposal"]).to(self.device)
         self.layer = choose(self.classes, self.optim, self.trainer.precision, self.proposal, self._settle)
-
-    def b_size(self) -> int:
-        """|V|: the output biases' length."""
-        raise NotImplementedError
 
     def _output_layer(
         self, vocab_size: int, output: str, classes: int | None, widths: list[int], word_classes: torch.Tensor | None
@@ -499,24 +498,15 @@ class NPLMModule(LanguageModule):
     def head(self, batch: tuple[torch.Tensor, torch.Tensor | None], training: bool) -> Head:
         """Eq. (1)'s output terms (x, W), (tanh(d + Hx), U), or the energy network's own logits and sampled outputs."""
         context, target = batch
-        model = self.model
-        if self._own_outputs:
-            return Head(
-                target,
-                model.b,
-                logits=functools.partial(model, context),
-                previous=context[:, 0],
-                reads=context.flatten(),
-                outputs=functools.partial(model.sampled_outputs, context),
-            )
-        terms = functools.partial(model.output_terms, context)
+        model, own = self.model, self._own_outputs
         return Head(
             target,
             model.b,
-            lambda sparse: terms(sparse=sparse),
+            None if own else functools.partial(model.output_terms, context),  # terms(sparse)
             previous=context[:, 0],
             reads=context.flatten(),
             logits=functools.partial(model, context),
+            outputs=functools.partial(model.sampled_outputs, context) if own else None,
         )
 
     def _weighed(self, loss: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -529,9 +519,6 @@ class NPLMModule(LanguageModule):
             return None
         rows = batches.rows.cpu()
         return rows[:, -2], rows[:, -1]
-
-    def b_size(self) -> int:
-        return self.model.b.numel()
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim

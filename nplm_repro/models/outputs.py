@@ -132,15 +132,15 @@ class Classes(OutputLayer):
         self.classes = classes
 
     def loss(self, head: Head) -> torch.Tensor:
+        return self.token_nll(head).mean()
+
+    def token_nll(self, head: Head) -> torch.Tensor:
         """In float32 whatever the precision: its products are a token's class's rows, too small for bfloat16 to pay
         (MLP9 trained 0.8 times as fast under bf16-mixed as in float32, docs/performance.md); a sequence model's
         hidden vectors, computed before, keep the precision they were computed in."""
         with torch.autocast(head.target.device.type, enabled=False):
             terms = [(inputs.float(), weight) for inputs, weight in head.linear()]
-            return -self.classes.token_logprob(terms, head.b, head.target).mean()
-
-    def token_nll(self, head: Head) -> torch.Tensor:
-        return -self.classes.token_logprob(head.linear(), head.b, head.target)
+            return -self.classes.token_logprob(terms, head.b, head.target)
 
     def log_probs(self, head: Head) -> torch.Tensor:
         return self.classes.log_probs(head.linear(), head.b)

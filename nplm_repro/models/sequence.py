@@ -122,9 +122,6 @@ class SequenceModule(LanguageModule):
         """Each token of the training stream and the token before it."""
         return (batches.inputs.cpu(), batches.targets.cpu()) if isinstance(batches, StreamBatches) else None
 
-    def b_size(self) -> int:
-        return self.b.numel()
-
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()
         self._state = None
