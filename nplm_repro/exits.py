@@ -25,12 +25,11 @@ EXIT_INTERRUPTED = 130  # as a shell reports a job stopped by Ctrl-C
 
 
 # Hydra's words that need our fix beside them: `+experiment=mlp5` since conf/config.yaml lists the group
-# (`experiment: null`), hparams_search=... without the optional Optuna sweeper, and an editable install made
+# (`experiment: null`), and an editable install made
 # before conf/ was installed as the package nplm_repro.conf (pyproject.toml's package-dir)
 HINTS = {
     "Primary config module 'nplm_repro.conf' not found": " (an install from before conf/ was packaged: pip install -e .)",
     "Multiple values for experiment.": " (the group is in the defaults now: write experiment=<row>, without the +)",
-    "Could not find 'hydra/sweeper/optuna'": " (Hydra's Optuna sweeper is an extra: .venv/bin/pip install -e '.[optuna]')",
 }
 
 

@@ -6,15 +6,18 @@ nplm-train model.h=100 trainer.max_epochs=3
 nplm-train -m study=brown_table1           # a study (sweeps/): every row, in parallel, under one MLflow parent run
 nplm-train -m experiment=kn3,del_int       # any -m: one MLflow parent run, the jobs nested under it
 nplm-train experiment=mlp5 hparams_search=paper_lr   # Optuna searches optim=paper's lr and decay (extra `optuna`)
+nplm-train experiment=lstm hparams_search=lstm        # the LSTM's search, trials pruned epoch by epoch
 """
 
 from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from hydra_plugins.nplm_repro_search import OptunaSearch
 from nplm_repro.checks import check_job
 from nplm_repro.cli import cli, quiet
 from nplm_repro.errors import sigterm_interrupts
@@ -22,6 +25,10 @@ from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.tracking.ledger import run
 from nplm_repro.tracking.sweep import ends_sweeps
+
+# Hydra finds plugins by walking the folders of the namespace package hydra_plugins, which an editable install's
+# import hook does not list: the search's sweeper (hparams_search=...) is registered by hand.
+Plugins.instance().register(OptunaSearch)
 
 
 @hydra.main(config_path="pkg://nplm_repro.conf", config_name="config", version_base="1.3")

@@ -1,6 +1,7 @@
-"""Hyperparameter search with Hydra's Optuna sweeper (the extra `optuna`): `hparams_search=paper_lr` minimises the
-validation perplexity that nplm-train returns, every trial a run under the search's MLflow parent run, the study
-kept in ./optuna.db so that the same command continues it. Skipped where the extra is not installed."""
+"""Hyperparameter search (`hparams_search=...`, nplm_repro/tracking/search.py): Optuna's trials launched by Hydra's
+launcher, each a run under the search's MLflow parent run, each epoch's validation perplexity reported to its trial,
+a trial the pruner stops scored like any run, the study kept in ./optuna.db so that the same command continues it,
+a trial left running by a stopped search resumed with its own number."""
 
 from pathlib import Path
 
@@ -9,49 +10,74 @@ import pytest
 from helpers import SLICE, run_script
 from mlflow.tracking import MlflowClient
 
-pytest.importorskip(
-    "hydra_plugins.hydra_optuna_sweeper", reason="Hydra's Optuna sweeper is not installed: pip install -e '.[optuna]'"
-)
-optuna = pytest.importorskip("optuna")
+optuna = pytest.importorskip("optuna", reason="the search needs the extra optuna: pip install -e '.[optuna]'")
 
 TINY_MLP = ["experiment=mlp3", "model.m=8", "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
 
 
+def search(brown_path: Path, where: Path, *overrides: str) -> None:
+    uri = f"sqlite:///{where}/mlflow.db"
+    args = [*TINY_MLP, *SLICE, *overrides, f"data.path={brown_path}", f"tracking.uri={uri}"]
+    result = run_script("nplm-train", "hparams_search=paper_lr", *args, cwd=where)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def trials(where: Path, name: str = "paper_lr") -> list:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{where}/optuna.db").trials
+
+
 @pytest.mark.slow
-def test_optuna_search_minimises_valid_ppl_under_one_parent_and_resumes(brown_path: Path, tmp_path: Path) -> None:
-    """Two trials at a time (joblib), the same command twice: four trials in one study, four runs under one parent
-    run, each trial's value its run's valid_ppl; the parent keeps the search's report and best numbers."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    command = ["hparams_search=paper_lr", "hydra.sweeper.n_trials=2", *TINY_MLP, *SLICE]
+def test_a_search_minimises_valid_ppl_under_one_parent_and_the_same_command_continues_it(
+    brown_path: Path, tmp_path: Path
+) -> None:
+    """Three trials, two at a time: each trial's value its run's valid_ppl, every run under one parent run that
+    keeps the search's report; the same command again finds its budget spent and adds nothing."""
     for _ in range(2):
-        result = run_script("nplm-train", *command, f"data.path={brown_path}", f"tracking.uri={uri}", cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-4000:]
+        search(brown_path, tmp_path, "hydra.sweeper.n_trials=3")
+    found = trials(tmp_path)
+    assert len(found) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in found)
+    assert all(t.intermediate_values == {1: pytest.approx(t.value, rel=1e-3)} for t in found)  # epoch 1, the quarter
+    assert all(t.user_attrs["cpu_seconds"] > 0 for t in found)
 
-    storage = optuna.storages.RDBStorage(
-        f"sqlite:///{tmp_path}/optuna.db", engine_kwargs={"isolation_level": "AUTOCOMMIT"}
-    )
-    trials = optuna.load_study(study_name="paper_lr", storage=storage).trials
-    assert len(trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
-
-    mlflow.set_tracking_uri(uri)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["brown"])
     parents, jobs = runs[runs["tags.sweep"] == "true"], runs[runs["tags.sweep"] != "true"]
-    assert len(parents) == 1 and len(jobs) == 4  # the second command resumed the parent run
+    assert len(parents) == 1 and len(jobs) == 3  # the second command resumed the parent run
     parent = parents.iloc[0]
-    assert parent["tags.sweeper"].endswith("OptunaSweeper") and parent["status"] == "FINISHED"
+    assert parent["tags.sweeper"].endswith("OptunaSearch") and parent["status"] == "FINISHED"
     assert parent["params.sweep.params.optim.lr"] == "tag(log, interval(1e-4, 1e-2))"
     assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["tags.study"] == "paper_lr").all()
     assert (jobs["params.optim.recipe"] == "paper").all() and (jobs["status"] == "FINISHED").all()
-    by_params = {
-        (float(r["params.optim.lr"]), float(r["params.optim.decay_rate"])): r["metrics.valid_ppl"]
-        for _, r in jobs.iterrows()
-    }
-    for trial in trials:
-        assert by_params[(trial.params["optim.lr"], trial.params["optim.decay_rate"])] == pytest.approx(trial.value)
-
-    best = jobs.sort_values("metrics.valid_ppl").iloc[0]
-    client = MlflowClient(uri)
-    assert client.get_run(parent["run_id"]).data.metrics["best_mlp_test_ppl"] == pytest.approx(best["metrics.test_ppl"])
-    kept = {Path(a.path).name for a in client.list_artifacts(parent["run_id"], "report")}
+    by_trial = {int(r["params.callbacks.pruning.trial"]): r["metrics.valid_ppl"] for _, r in jobs.iterrows()}
+    assert by_trial == {t.number: pytest.approx(t.value) for t in found}
+    kept = {Path(a.path).name for a in MlflowClient().list_artifacts(parent["run_id"], "report")}
     assert {"paper_lr.md", "paper_lr.csv", "paper_lr_test.png"} <= kept
-    assert "paper_lr_optim.lr.png" not in kept  # its trials differ in lr and decay_rate at once: no like with like
+
+
+@pytest.mark.slow
+def test_the_pruner_stops_a_trial_which_is_scored_like_any_run(brown_path: Path, tmp_path: Path) -> None:
+    """A pruner that prunes every trial above perplexity 1 stops each after its first epoch of three: PRUNED in the
+    study, FINISHED in the store with its valid and test perplexity and the epoch it stopped at."""
+    pruner = ["hydra.sweeper.pruner._target_=optuna.pruners.ThresholdPruner", "+hydra.sweeper.pruner.upper=1.0"]
+    search(brown_path, tmp_path, "hydra.sweeper.n_trials=2", "trainer.max_epochs=3", *pruner)
+    found = trials(tmp_path)
+    assert [t.state for t in found] == [optuna.trial.TrialState.PRUNED] * 2
+    assert all(list(t.intermediate_values) == [1] and t.user_attrs["pruned_epoch"] == 1 for t in found)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["brown"])
+    jobs = runs[runs["tags.sweep"] != "true"]
+    assert len(jobs) == 2 and (jobs["status"] == "FINISHED").all()
+    assert (jobs["metrics.pruned_epoch"] == 1).all() and (jobs["metrics.epochs"] == 1).all()
+    assert jobs["metrics.test_ppl"].notna().all()
+
+
+@pytest.mark.slow
+def test_a_trial_left_running_is_launched_again_with_its_number(brown_path: Path, tmp_path: Path) -> None:
+    """A search stopped while trial 0 ran: the next command runs trial 0 (its run, its number) before any new one."""
+    distributions = {"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
+    distributions["optim.decay_rate"] = optuna.distributions.FloatDistribution(1e-9, 1e-6, log=True)
+    study = optuna.create_study(study_name="paper_lr", storage=f"sqlite:///{tmp_path}/optuna.db")
+    left = study.ask(distributions)
+    search(brown_path, tmp_path, "hydra.sweeper.n_trials=1")
+    (found,) = trials(tmp_path)
+    assert found.number == 0 and found.state == optuna.trial.TrialState.COMPLETE and found.params == left.params

@@ -8,7 +8,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from helpers import SLICE, check_loaded_model, composed
+from helpers import SLICE, check_loaded_model, composed, run_script
 
 from nplm_repro.models.use import continue_ids
 from nplm_repro.perplexity import perplexity_of
@@ -16,7 +16,10 @@ from nplm_repro.tracking import ledger
 from nplm_repro.tracking.scoring import RunScorer
 
 SMALL = {
-    "lstm": ["model.width=24", "model.layers=1", "optim.batch_size=8"],
+    "lstm": [  # every regulariser on: scoring must not depend on any of them
+        *["model.width=24", "model.layers=2", "optim.batch_size=8", "model.locked=true"],
+        *["model.word_dropout=0.1", "model.weight_drop=0.3", "model.dropout_hidden=0.2"],
+    ],
     "transformer": ["model.width=24", "model.layers=1", "model.heads=2", "model.context=32", "optim.batch_size=8"],
 }
 CONTEXT = "The jury said that it"
@@ -67,3 +70,26 @@ def test_it_continues_a_prompt_the_same_way_for_the_same_seed(row: tuple[str, st
     prompt, pad = scorer.words(CONTEXT), scorer.corpus.vocab.index("<eot>")
     drawn = [continue_ids(scorer.model(), prompt, 5, 1.0, seed, pad) for seed in (1, 1, 2)]
     assert drawn[0] == drawn[1] and len(drawn[0]) == 5
+
+
+@pytest.mark.slow  # one short training in a fresh process: about 15 s
+def test_model_lstm_alone_trains_with_its_own_optimiser_group(brown_path: Path, tmp_path: Path) -> None:
+    """`nplm-train model=lstm optim=adamw` (and `model=lstm` alone, whose default optimiser is adamw) runs: AdamW
+    to convergence, the rate dropped on a plateau."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tiny = ["model.width=16", "model.layers=1", "trainer.max_epochs=1", "trainer.limit_train_batches=3", *SLICE]
+    result = run_script(
+        "nplm-train",
+        "model=lstm",
+        "optim=adamw",
+        *tiny,
+        f"data.path={brown_path}",
+        f"tracking.uri={uri}",
+        "trainer.enable_progress_bar=false",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    (run,) = [r for _, r in mlflow.search_runs(experiment_names=["brown"]).iterrows()]
+    assert run["status"] == "FINISHED" and run["params.optim.recipe"] == "adamw"
+    assert run["params.optim.plateau_factor"] == "0.25" and run["tags.family"] == "lstm"

@@ -12,7 +12,9 @@ Recipes (`optim.recipe`):
 - `sgd`: Zaremba et al. (2014): SGD on the batch's mean loss at rate `optim.lr`, the gradient's norm clipped at
   `optim.clip`, the rate multiplied by `optim.plateau_factor` after each epoch that does not improve validation.
 - `adamw`: AdamW (decay `optim.weight_decay` on matrices only), the rate rising linearly over `optim.warmup` of
-  the run's steps, then falling along a cosine to a tenth of `optim.lr` at `trainer.max_epochs`.
+  the run's steps, then falling along a cosine to a tenth of `optim.lr` at `trainer.max_epochs` (`plateau_factor`
+  null: a fixed budget), or kept until an epoch does not improve validation and then multiplied by
+  `optim.plateau_factor`, the run ended by early stopping (train to convergence, `trainer.max_epochs` a ceiling).
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ class SequenceModule(LanguageModule):
         optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=(0.9, 0.98))
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warmup = max(int(o.get("warmup", 0.0) * total), 1)
+        if o.get("plateau_factor") is not None:  # to convergence: the rise, then drops on plateaus until stopped
+            return [optimizer], schedules(optimizer, None, o["plateau_factor"], 1, warmup)
 
         def rate(step: int) -> float:
             if step < warmup:

@@ -1,0 +1,242 @@
+"""Hyperparameter search (`hparams_search=<name>`): Optuna's ask-and-tell over Hydra's launcher, its trials pruned
+on their validation perplexity epoch by epoch, each trial one tracked run.
+
+`Search` is the sweeper (Hydra finds it as hydra_plugins.nplm_repro_search.OptunaSearch, conf/hydra/sweeper/
+optuna.yaml): it keeps an Optuna study in `storage`, asks `sampler` for a trial, launches its job with the
+trial's values and the callback `Pruning` of that trial as overrides, and tells the study what the job returned
+(its exact validation perplexity, `nplm-train`'s return value). `n_jobs` trials run at once, each started as soon as a slot is free, so a
+pruned trial frees its core for the next one. No new trial starts once `n_trials` have ended or the ended and
+running trials have spent `cpu_hours` (each trial's training seconds times its torch threads).
+
+`Pruning` is the job's side (`callbacks.pruning`, in the job's config and so in its run's key): after every validation it reports
+the epoch's perplexity to the trial and asks `pruner`; a trial to prune stops as early stopping stops a run, so
+it is scored and tracked like any run, with the metric `pruned_epoch`. The search resumes: the same command after a
+stop launches the trials it left running again, with the same numbers, so the ledger resumes their runs from their
+last epoch, then asks for new ones until the budget is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override, Transformer
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback, Timer
+from omegaconf import DictConfig, OmegaConf
+
+from nplm_repro.errors import NplmError
+
+log = logging.getLogger(__name__)
+MONITOR = "valid_ppl_epoch"
+
+
+def _optuna() -> Any:
+    """Optuna, imported when a search runs (the extra `optuna`): plain runs never load it."""
+    try:
+        import optuna
+    except ImportError:
+        raise NplmError("hparams_search needs Optuna 4 or later: .venv/bin/pip install -e '.[optuna]'") from None
+    return optuna
+
+
+def space(params: dict[str, str], arguments: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """The distributions of the swept keys (`params`, then the command line's sweeps: `interval(a, b)`,
+    `tag(log, interval(a, b))`, `choice(a, b)`, `range(a, b)`) and the command line's plain overrides."""
+    optuna = _optuna()
+    overrides = [f"{k}={v}" for k, v in params.items()] + list(arguments)
+    found: dict[str, Any] = {}
+    fixed: list[str] = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if not override.is_sweep_override():
+            fixed.append(override.input_line)
+            continue
+        found[override.get_key_element()] = _distribution(override, optuna)
+    return found, fixed
+
+
+def _distribution(override: Override, optuna: Any) -> Any:
+    if override.is_interval_sweep():
+        sweep = override.value()
+        log_scale = "log" in sweep.tags
+        if isinstance(sweep.start, int) and isinstance(sweep.end, int):
+            return optuna.distributions.IntDistribution(sweep.start, sweep.end, log=log_scale)
+        return optuna.distributions.FloatDistribution(sweep.start, sweep.end, log=log_scale)
+    return optuna.distributions.CategoricalDistribution(list(override.sweep_string_iterator()))
+
+
+def written(value: Any) -> str:
+    """`value` (a dict, list, string, number, bool or None) in Hydra's override grammar."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{written(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(written(v) for v in value) + "]"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def cpu_seconds(trial: Any) -> float:
+    """What a trial's run has spent training: its seconds in fit times its torch threads (0 before its first epoch)."""
+    return float(trial.user_attrs.get("cpu_seconds", 0.0))
+
+
+class Search(Sweeper):
+    def __init__(
+        self,
+        study_name: str,
+        storage: str,
+        direction: str,
+        n_trials: int,
+        n_jobs: int,
+        sampler: Any,
+        pruner: Any,
+        params: DictConfig | None = None,
+        cpu_hours: float | None = None,
+    ) -> None:
+        self.study_name, self.storage, self.direction = study_name, storage, direction
+        self.n_trials, self.n_jobs, self.cpu_hours = n_trials, n_jobs, cpu_hours
+        self.sampler, self.pruner = sampler, pruner  # configs (the sweeper's config says _recursive_: false)
+        self.params = OmegaConf.to_container(params or {}, resolve=False)
+        self.launcher: Any = None
+        self._lock = threading.Lock()
+        self._next_job = 0
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> None:
+        optuna = _optuna()
+        distributions, fixed = space(self.params, arguments)
+        self._storage = optuna.storages.RDBStorage(self.storage)
+        study = optuna.create_study(
+            study_name=self.study_name,
+            storage=self._storage,
+            sampler=instantiate(self.sampler),
+            pruner=instantiate(self.pruner),
+            direction=self.direction,
+            load_if_exists=True,
+        )
+        self._next_job = len(study.trials)
+        left = [optuna.trial.Trial(study, t._trial_id) for t in study.trials if t.state.name == "RUNNING"]
+        if left:
+            log.info(
+                "search %s: %d trials left running by a stopped search, launched again", self.study_name, len(left)
+            )
+        failed: list[str] = []
+        with ThreadPoolExecutor(self.n_jobs) as pool:
+            running: dict[Future[JobReturn], Any] = {}
+            while True:
+                while len(running) < self.n_jobs and (left or self._more(study, len(running))):
+                    trial = left.pop(0) if left else study.ask(distributions)
+                    running[pool.submit(self._launch, trial, fixed)] = trial
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                if any(future.exception() for future in done):
+                    raise _first_error([*done, *wait(running).done])
+                for future in done:
+                    trial = running.pop(future)
+                    failed += self._tell(study, trial, future.result())
+        self._summary(study, failed)
+
+    def _more(self, study: Any, running: int) -> bool:
+        """Whether a new trial may start: fewer than n_trials ended or running, CPU hours left."""
+        trials = study.get_trials(deepcopy=False)
+        ended = sum(t.state.is_finished() for t in trials)
+        spent = sum(cpu_seconds(t) for t in trials) / 3600.0
+        return ended + running < self.n_trials and (self.cpu_hours is None or spent < self.cpu_hours)
+
+    def _launch(self, trial: Any, fixed: list[str]) -> JobReturn:
+        values = [f"{k}={Transformer.encode(v) if isinstance(v, str) else v}" for k, v in trial.params.items()]
+        pruning = {"_target_": f"{Pruning.__module__}.Pruning", "storage": self.storage, "study": self.study_name}
+        pruning |= {"trial": trial.number, "pruner": OmegaConf.to_container(self.pruner)}
+        values.append(f"+callbacks.pruning={written(pruning)}")
+        with self._lock:
+            number, self._next_job = self._next_job, self._next_job + 1
+        (result,) = self.launcher.launch([[*fixed, *values]], initial_job_idx=number)
+        return result
+
+    def _tell(self, study: Any, trial: Any, result: JobReturn) -> list[str]:
+        optuna = _optuna()
+        if result.status != JobStatus.COMPLETED:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            why = f"trial {trial.number}: {type(result._return_value).__name__}: {result._return_value}"
+            log.error("search %s: %s", self.study_name, why)
+            return [why]
+        frozen = self._storage.get_trial(trial._trial_id)  # as the job left it
+        if "pruned_epoch" in frozen.user_attrs:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial, float(result.return_value))
+        return []
+
+    def _summary(self, study: Any, failed: list[str]) -> None:
+        trials = study.get_trials(deepcopy=False)
+        counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL")}
+        hours = sum(cpu_seconds(t) for t in trials) / 3600.0
+        best = f", best value {study.best_value:.1f} (trial {study.best_trial.number})" if counts["COMPLETE"] else ""
+        log.info(
+            "search %s: %d complete, %d pruned, %d failed, %.2f CPU hours%s",
+            self.study_name,
+            counts["COMPLETE"],
+            counts["PRUNED"],
+            counts["FAIL"],
+            hours,
+            best,
+        )
+        if failed and not counts["COMPLETE"]:
+            raise NplmError(f"search {self.study_name}: every trial failed ({failed[0]})")
+
+
+def _first_error(futures: Sequence[Future[JobReturn]]) -> BaseException:
+    """The error a launch raised (a job's config that does not compose, a worker lost), once every launch has
+    returned: joblib then shuts its workers down, and the other launches' own errors only say so."""
+    errors = [e for e in (f.exception() for f in futures) if e is not None]
+    return next((e for e in errors if "has been shutdown" not in str(e)), errors[0])
+
+
+class Pruning(Callback):
+    """A search's trial, seen from its run: each validation's perplexity reported as the trial's value at that
+    epoch, the run stopped where the pruner says, its CPU seconds kept on the trial for the search's budget."""
+
+    def __init__(self, storage: str, study: str, trial: int, pruner: Any) -> None:
+        """`pruner`: the search's (an Optuna pruner, instantiated by Hydra): a study loaded without one prunes by
+        Optuna's default, not the search's."""
+        self.storage, self.study_name, self.number, self.pruner = storage, study, trial, pruner
+        self._trial: Any = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        optuna = _optuna()
+        study = optuna.load_study(study_name=self.study_name, storage=self.storage, pruner=self.pruner)
+        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == self.number)
+        self._trial = optuna.trial.Trial(study, frozen._trial_id)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or MONITOR not in trainer.callback_metrics:
+            return
+        epoch = trainer.current_epoch + 1
+        self._trial.report(float(trainer.callback_metrics[MONITOR]), epoch)
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        if timer is not None:
+            seconds = timer.time_elapsed("train") * torch.get_num_threads()
+            self._trial.set_user_attr("cpu_seconds", seconds)
+        if self._trial.should_prune():
+            self._trial.set_user_attr("pruned_epoch", epoch)
+            if trainer.logger is not None:
+                trainer.logger.log_metrics({"pruned_epoch": float(epoch)}, step=trainer.global_step)
+            log.info("trial %d pruned after epoch %d", self.number, epoch)
+            trainer.should_stop = True
