@@ -81,3 +81,13 @@ def test_a_trial_left_running_is_launched_again_with_its_number(brown_path: Path
     search(brown_path, tmp_path, "hydra.sweeper.n_trials=1")
     (found,) = trials(tmp_path)
     assert found.number == 0 and found.state == optuna.trial.TrialState.COMPLETE and found.params == left.params
+
+
+@pytest.mark.slow
+def test_the_cpu_hours_stop_the_running_trials_and_start_no_more(brown_path: Path, tmp_path: Path) -> None:
+    """A budget spent by the first epoch: the two trials started stop after it (each COMPLETE at its epoch's
+    perplexity, its run saying why), and no third trial starts."""
+    search(brown_path, tmp_path, "hydra.sweeper.n_trials=3", "hydra.sweeper.cpu_hours=1e-9", "trainer.max_epochs=3")
+    found = trials(tmp_path)
+    assert len(found) == 2 and all(t.state == optuna.trial.TrialState.COMPLETE for t in found)
+    assert all(t.user_attrs["budget_epoch"] == 1 and list(t.intermediate_values) == [1] for t in found)

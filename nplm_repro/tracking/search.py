@@ -39,6 +39,7 @@ from nplm_repro.errors import NplmError
 
 log = logging.getLogger(__name__)
 MONITOR = "valid_ppl_epoch"
+STARTS = 0.9  # of the CPU hours: no trial starts after them, as one would be cut by the budget after an epoch or two
 
 
 def _optuna() -> Any:
@@ -154,16 +155,15 @@ class Search(Sweeper):
         self._summary(study, failed)
 
     def _more(self, study: Any, running: int) -> bool:
-        """Whether a new trial may start: fewer than n_trials ended or running, CPU hours left."""
+        """Whether a new trial may start: fewer than n_trials ended or running, STARTS of the CPU hours left."""
         trials = study.get_trials(deepcopy=False)
         ended = sum(t.state.is_finished() for t in trials)
-        spent = sum(cpu_seconds(t) for t in trials) / 3600.0
-        return ended + running < self.n_trials and (self.cpu_hours is None or spent < self.cpu_hours)
+        return ended + running < self.n_trials and (self.cpu_hours is None or spent(trials) < STARTS * self.cpu_hours)
 
     def _launch(self, trial: Any, fixed: list[str]) -> JobReturn:
         values = [f"{k}={Transformer.encode(v) if isinstance(v, str) else v}" for k, v in trial.params.items()]
         pruning = {"_target_": f"{Pruning.__module__}.Pruning", "storage": self.storage, "study": self.study_name}
-        pruning |= {"trial": trial.number, "pruner": OmegaConf.to_container(self.pruner)}
+        pruning |= {"trial": trial.number, "pruner": OmegaConf.to_container(self.pruner), "cpu_hours": self.cpu_hours}
         values.append(f"+callbacks.pruning={written(pruning)}")
         with self._lock:
             number, self._next_job = self._next_job, self._next_job + 1
@@ -187,7 +187,7 @@ class Search(Sweeper):
     def _summary(self, study: Any, failed: list[str]) -> None:
         trials = study.get_trials(deepcopy=False)
         counts = {s: sum(t.state.name == s for t in trials) for s in ("COMPLETE", "PRUNED", "FAIL")}
-        hours = sum(cpu_seconds(t) for t in trials) / 3600.0
+        hours = spent(trials)
         best = f", best value {study.best_value:.1f} (trial {study.best_trial.number})" if counts["COMPLETE"] else ""
         log.info(
             "search %s: %d complete, %d pruned, %d failed, %.2f CPU hours%s",
@@ -213,17 +213,19 @@ class Pruning(Callback):
     """A search's trial, seen from its run: each validation's perplexity reported as the trial's value at that
     epoch, the run stopped where the pruner says, its CPU seconds kept on the trial for the search's budget."""
 
-    def __init__(self, storage: str, study: str, trial: int, pruner: Any) -> None:
+    def __init__(self, storage: str, study: str, trial: int, pruner: Any, cpu_hours: float | None = None) -> None:
         """`pruner`: the search's (an Optuna pruner, instantiated by Hydra): a study loaded without one prunes by
-        Optuna's default, not the search's."""
+        Optuna's default, not the search's. `cpu_hours`: the search's budget, which stops this trial once spent."""
         self.storage, self.study_name, self.number, self.pruner = storage, study, trial, pruner
+        self.cpu_hours = cpu_hours
         self._trial: Any = None
+        self._study: Any = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         optuna = _optuna()
-        study = optuna.load_study(study_name=self.study_name, storage=self.storage, pruner=self.pruner)
-        frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == self.number)
-        self._trial = optuna.trial.Trial(study, frozen._trial_id)
+        self._study = optuna.load_study(study_name=self.study_name, storage=self.storage, pruner=self.pruner)
+        frozen = next(t for t in self._study.get_trials(deepcopy=False) if t.number == self.number)
+        self._trial = optuna.trial.Trial(self._study, frozen._trial_id)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or MONITOR not in trainer.callback_metrics:
@@ -235,8 +237,19 @@ class Pruning(Callback):
             seconds = timer.time_elapsed("train") * torch.get_num_threads()
             self._trial.set_user_attr("cpu_seconds", seconds)
         if self._trial.should_prune():
-            self._trial.set_user_attr("pruned_epoch", epoch)
-            if trainer.logger is not None:
-                trainer.logger.log_metrics({"pruned_epoch": float(epoch)}, step=trainer.global_step)
-            log.info("trial %d pruned after epoch %d", self.number, epoch)
-            trainer.should_stop = True
+            self._stop(trainer, "pruned_epoch", epoch)
+        elif self.cpu_hours is not None and spent(self._study.get_trials(deepcopy=False)) >= self.cpu_hours:
+            self._stop(trainer, "budget_epoch", epoch)
+
+    def _stop(self, trainer: L.Trainer, why: str, epoch: int) -> None:
+        """Stop the run after this epoch, as early stopping does, saying why on the trial and the run."""
+        self._trial.set_user_attr(why, epoch)
+        if trainer.logger is not None:
+            trainer.logger.log_metrics({why: float(epoch)}, step=trainer.global_step)
+        log.info("trial %d stopped after epoch %d (%s)", self.number, epoch, why)
+        trainer.should_stop = True
+
+
+def spent(trials: Sequence[Any]) -> float:
+    """The CPU hours `trials` (Optuna's trials) have spent."""
+    return sum(cpu_seconds(t) for t in trials) / 3600.0
