@@ -52,6 +52,10 @@ def test_a_search_minimises_valid_ppl_under_one_parent_and_the_same_command_cont
     assert by_trial == {t.number: pytest.approx(t.value) for t in found}
     kept = {Path(a.path).name for a in MlflowClient().list_artifacts(parent["run_id"], "report")}
     assert {"paper_lr.md", "paper_lr.csv", "paper_lr_test.png"} <= kept
+    report = (tmp_path / "reports" / "paper_lr.md").read_text()
+    best = min(found, key=lambda t: t.value)
+    assert "- Trials: 3 (3 max_epochs; 0 failed, 0 running);" in report
+    assert f"- Best on validation: trial {best.number}, valid {best.value:.1f}" in report
 
 
 @pytest.mark.slow

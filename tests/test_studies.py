@@ -121,10 +121,15 @@ def test_a_study_file_not_the_installed_one_is_one_clear_error(tmp_path: Path) -
 
 
 def test_the_wheel_lists_every_package() -> None:
-    """pyproject.toml lists the packages (its package-dir maps conf/ to nplm_repro.conf): none may be left out."""
+    """pyproject.toml lists the packages (its package-dir maps conf/ to nplm_repro.conf, and the search's sweeper sits
+    in hydra_plugins/): none may be left out."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "nplm_repro").rglob("__init__.py")}
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for top in ("nplm_repro", "hydra_plugins")
+        for p in (ROOT / top).rglob("__init__.py")
+    }
     assert sorted(setuptools["packages"]) == sorted(found | {"nplm_repro.conf"})
     assert setuptools["package-dir"] == {"nplm_repro.conf": "conf"}
     assert (ROOT / "conf" / "study").resolve() == SWEEPS.resolve()

@@ -17,6 +17,7 @@ from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, combine, ver
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import run_name, run_text, short_commit
+from nplm_repro.reporting.search import search_note
 from nplm_repro.tracking.best import trained_rows
 from nplm_repro.tracking.runs import newest_finished
 
@@ -246,9 +247,17 @@ def setup(ctx: Context) -> list[str]:
     return list(ctx.spec.get("setup", []))
 
 
+def search(ctx: Context) -> list[str]:
+    """A search's trials (hparams_search=...): its CPU hours, how each trial ended, the best on validation."""
+    return search_note(
+        ctx.all_runs[(ctx.all_runs["study_tag"] == ctx.study) & (ctx.all_runs["fingerprint"] == ctx.fingerprint)]
+    )
+
+
 # The notes a study may declare (its sweeps file's `reporting.notes`), each with its heading
 NOTES: dict[str, tuple[str, Callable[[Context], list[str]]]] = {
     "setup": ("How its rows were set up", setup),
+    "search": ("The search (Optuna's trials, each a run; test chooses nothing)", search),
     "data_effect": ("What our data alone moves", data_effect),
     "other_mixtures": ("The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)", other_mixtures),
     "sampled_vs_exact": (

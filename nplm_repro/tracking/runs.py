@@ -174,6 +174,10 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "config": json.dumps(config),
                 "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
                 "epochs": get("metrics.epochs", np.nan),
+                "trial": _text(get("params.callbacks.pruning.trial")),  # a search's trial (tracking/search.py)
+                "stopped_by": next(  # what stopped a search's trial before early stopping or max_epochs did
+                    (why for why in ("pruned", "budget") if present(get(f"metrics.{why}_epoch"))), ""
+                ),
                 "minutes": (run["end_time"] - run["start_time"]).total_seconds() / 60
                 if status == "FINISHED"
                 else np.nan,

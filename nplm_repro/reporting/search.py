@@ -1,0 +1,90 @@
+"""The note `search` of a search's report (hparams_search=..., tracking/search.py): its budget as spent, how each
+trial ended, and the best on validation, so that the report alone says what the search cost and what it chose."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ENDINGS = {  # how a trial's run ended: its `stopped_by`, else whether it trained max_epochs
+    "pruned": "pruned",
+    "budget": "stopped by the budget",
+    "converged": "early stopping",
+    "ceiling": "max_epochs",
+}
+
+
+def number(value: Any) -> str:
+    """A searched value as a reader reads it: 3 significant digits for a float, as is otherwise."""
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return str(value) if str(value).lstrip("-").isdigit() else f"{as_float:.3g}"
+
+
+def searched_keys(runs: pd.DataFrame) -> list[str]:
+    """The config keys that differ between the trials (the search's space), less the trial's own bookkeeping."""
+    configs = pd.DataFrame([json.loads(c) for c in runs["config"]])
+    return sorted(k for k in configs if configs[k].nunique(dropna=False) > 1 and not k.startswith("callbacks.pruning"))
+
+
+def epochs(count: float) -> str:
+    return f"{int(count)} epoch{'s' * (int(count) != 1)}"
+
+
+def ending(run: pd.Series) -> str:
+    if run["stopped_by"]:
+        return run["stopped_by"]
+    ceiling = pd.to_numeric(json.loads(run["config"]).get("trainer.max_epochs"), errors="coerce")
+    return "ceiling" if run["epochs"] >= ceiling else "converged"
+
+
+def cpu_hours(runs: pd.DataFrame) -> float:
+    """Training seconds times torch threads, summed (a run from before threads were tagged counts one thread)."""
+    return float((runs["fit_minutes"] * runs["threads"].fillna(1)).sum() / 60.0)
+
+
+def search_note(runs: pd.DataFrame) -> list[str]:
+    """`runs`: the study's tidy runs (tracking/runs.py). One line for the budget, one for the best, one a trial."""
+    trials = runs[runs["trial"] != ""].copy()
+    if trials.empty:
+        return ["No trial of a search (hparams_search=...) in this study."]
+    trials["number"] = trials["trial"].astype(int)
+    trials = trials.sort_values(["number", "start_time"]).drop_duplicates("number", keep="last")
+    finished = trials[trials["state"] == "finished"]
+    endings = finished.apply(ending, axis=1).value_counts()
+    counted = ", ".join(f"{endings[k]} {ENDINGS[k]}" for k in ENDINGS if k in endings)
+    failed = int((trials["state"] == "failed").sum())
+    running = int((trials["state"] == "running").sum())
+    cpus = sorted(set(trials["cpu"]) - {""})
+    lines = [
+        f"Trials: {len(trials)} ({counted}; {failed} failed, {running} running); "
+        f"{cpu_hours(trials):.2f} CPU hours (training seconds x torch threads, summed over the trials)"
+        + (f" on {'; '.join(cpus)}" if cpus else "")
+        + "."
+    ]
+    keys = searched_keys(trials)
+    if not finished.empty:
+        best = finished.loc[finished["valid_ppl"].idxmin()]
+        values = json.loads(best["config"])
+        chosen = ", ".join(f"{k}={number(values.get(k, ''))}" for k in keys)
+        lines.append(
+            f"Best on validation: trial {best['number']}, valid {best['valid_ppl']:.1f} (test {best['test_ppl']:.1f}), "
+            f"{epochs(best['epochs'])} ({ENDINGS[ending(best)]}): {chosen}."
+        )
+    for _, trial in trials.iterrows():
+        values = json.loads(trial["config"])
+        said = ", ".join(f"{k}={number(values.get(k, ''))}" for k in keys)
+        if trial["state"] != "finished":
+            lines.append(f"Trial {trial['number']}: {said}: {trial['state']}.")
+            continue
+        hours = trial["fit_minutes"] * (1 if np.isnan(trial["threads"]) else trial["threads"]) / 60.0
+        lines.append(
+            f"Trial {trial['number']}: {said}: {epochs(trial['epochs'])}, {ENDINGS[ending(trial)]}, "
+            f"valid {trial['valid_ppl']:.1f}, {hours:.2f} CPU hours."
+        )
+    return lines
