@@ -32,6 +32,7 @@ from nplm_repro.reporting.drawing import LEGEND, LIMIT, fit_labels, save
 from nplm_repro.reporting.headlines import recipe_figure, sampled_figure, sampled_pairs
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import Learned, Report, best_epochs, build, with_intervals
+from nplm_repro.studies import declaration
 
 # --- the rules, as a checker -------------------------------------------------------------------------------------
 
@@ -365,3 +366,25 @@ def test_every_committed_report_shows_only_figures_todays_code_draws() -> None:
     assert pngs - shown == set(), "figures no page shows: " + ", ".join(sorted(p.name for p in pngs - shown))
     alone = {p.name for p in pngs if not p.with_suffix(".svg").is_file() and not p.stem.endswith("_features_map")}
     assert alone == set(), f"PNGs without their SVG (drawn by older code): {', '.join(sorted(alone))}"
+
+
+def test_the_compute_figure_puts_every_trained_row_on_one_cpu_time_axis(
+    store: tuple[str, dict[str, str]],
+) -> None:
+    """brown_direct declaring the figure `compute`: every trained row's validation history against CPU minutes, a
+    run's minutes its `fit_seconds_epoch` times its torch threads at each validation, in order."""
+    uri, _ = store
+    client = MlflowClient(uri)
+    spec = {**declaration("brown_direct"), "figures": ["compute"]}
+    report = build(uri, "brown", "brown_direct", spec=spec)
+    run_id, minutes, valid = next(iter(report.timeline.values()))[0]
+    assert len(minutes) == len(valid) > 1
+    for step in range(len(valid)):
+        client.log_metric(run_id, "fit_seconds_epoch", 60.0 + 90.0 * step, step=step)
+    client.set_tag(run_id, "torch_threads", "2")
+    report = build(uri, "brown", "brown_direct", spec=spec)
+    timed = {r: (m, v) for seeds in report.timeline.values() for r, m, v in seeds}
+    assert timed[run_id][0] == pytest.approx([2.0 + 3.0 * step for step in range(len(valid))])  # x 2 threads / 60
+    assert set(report.timeline) == set(report.history)  # every trained row, no other
+    (stem, figure), *_ = drawn.figures(report)
+    assert stem == "brown_direct_compute" and not broken_rules(figure)

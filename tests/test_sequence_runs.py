@@ -93,3 +93,4 @@ def test_model_lstm_alone_trains_with_its_own_optimiser_group(brown_path: Path, 
     (run,) = [r for _, r in mlflow.search_runs(experiment_names=["brown"]).iterrows()]
     assert run["status"] == "FINISHED" and run["params.optim.recipe"] == "adamw"
     assert run["params.optim.plateau_factor"] == "0.25" and run["tags.family"] == "lstm"
+    assert 0 < run["metrics.fit_seconds_epoch"] <= run["metrics.fit_seconds"]  # the compute figure's clock

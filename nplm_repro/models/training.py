@@ -53,6 +53,17 @@ class EpochStatus(Callback):
         report_status(state="scoring")
 
 
+class FitClock(Callback):
+    """The seconds in fit (training and validation, across resumes: the Timer's) at each validation, logged as
+    `fit_seconds_epoch` at that validation's step: the report's validation perplexity against CPU time."""
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        if trainer.sanity_checking or trainer.logger is None or timer is None:
+            return
+        trainer.logger.log_metrics({"fit_seconds_epoch": timer.time_elapsed("train")}, step=trainer.global_step)
+
+
 class KeptScores(Callback):
     """Every token's ln P from `Trainer.test`, one float32 array per kept dataloader, filled as batches come.
 
@@ -91,12 +102,12 @@ class KeptScores(Callback):
 
 
 def fit_callbacks(cfg: DictConfig) -> list[Callback]:
-    """The config's callbacks (no progress bar when bars are off), the resume point if `save_last`, a Timer, and
-    the epoch for a sweep's progress display."""
+    """The config's callbacks (no progress bar when bars are off), the resume point if `save_last`, a Timer, the
+    epoch for a sweep's progress display and the fit's seconds at each validation."""
     bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
     kept = {name: c for name, c in cfg.callbacks.items() if bars or name != "progress_bar"}
     callbacks = [instantiate(c, **ACTS_ON.get(name, {})) for name, c in kept.items()]
-    callbacks.append(EpochStatus())
+    callbacks += [EpochStatus(), FitClock()]
     if cfg.callbacks.model_checkpoint.get("save_last"):
         callbacks.append(resume_point(cfg.callbacks.model_checkpoint))
     if cfg.trainer.get("max_time") is None:  # with max_time, Lightning adds its own Timer

@@ -2,7 +2,8 @@
 glance: what sampled training costs in test perplexity and saves in time, pair by pair (`sampled_pairs`,
 brown_sampled); which step from the paper's recipe to ours moved MLP5's test perplexity (`recipe_steps`,
 brown_recipe); what an output layer buys in training speed and costs in test perplexity (`speed_cost`,
-brown_extensions). figures.py draws them first, as HEADLINES names them.
+brown_extensions); what compute buys each family, validation perplexity against CPU minutes (`compute`,
+brown_modern). figures.py draws them first, as HEADLINES names them.
 """
 
 from __future__ import annotations
@@ -192,6 +193,33 @@ def speed_cost_figure(report: Report) -> Figure | None:
     return figure
 
 
+def compute_figure(report: Report) -> Figure | None:
+    """What compute buys: validation perplexity against CPU minutes (training seconds x torch threads) for every
+    trained row, one thin line a seed, the row's colour, one time axis for all; None without a history."""
+    rows = {label: seeds for label, seeds in report.timeline.items() if seeds}
+    if not rows:
+        return None
+    figure = new_figure(9, 4.5)
+    ax = figure.add_subplot()
+    for i, (name, seeds) in enumerate(zip(fit_labels(list(rows), 40), rows.values())):
+        colour = f"C{i % 10}"
+        for j, (_, minutes, valid) in enumerate(seeds):
+            ax.plot(minutes, valid, color=colour, linewidth=1.0, alpha=0.7, marker=".", label=name if j == 0 else None)
+    best = min(min(valid) for seeds in rows.values() for _, _, valid in seeds)
+    ax.set_ylim(best * 0.95, best * 2.0)  # the first epochs' perplexities would flatten the ends that matter
+    ax.set_xlabel("CPU minutes in training (seconds in fit x torch threads)", fontsize=8)
+    ax.set_ylabel("validation perplexity, each epoch", fontsize=8)
+    ax.set_title(f"{report.study}: what compute buys, every trained row on one time axis (a line a seed)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(**LEGEND)
+    return figure
+
+
 # The headline figures a study may declare (studies.yaml `figures`), by name: the name is also the file's stem,
 # <study>_<name>.png
-HEADLINES = {"sampled_pairs": sampled_figure, "recipe_steps": recipe_figure, "speed_cost": speed_cost_figure}
+HEADLINES = {
+    "sampled_pairs": sampled_figure,
+    "recipe_steps": recipe_figure,
+    "speed_cost": speed_cost_figure,
+    "compute": compute_figure,
+}

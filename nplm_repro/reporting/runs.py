@@ -49,6 +49,34 @@ def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[flo
     return curves
 
 
+Timeline = dict[str, list[tuple[str, list[float], list[float]]]]
+
+
+def timeline(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
+    """Per trained row shown, per seed: (run id, CPU minutes, validation perplexity) at each validation. CPU minutes
+    are the fit's seconds at that validation (`fit_seconds_epoch`, across resumes) times the run's torch threads; a
+    run from before that metric counts the wall clock from its start (right for a run never resumed)."""
+    client = mlflow.MlflowClient(uri)
+    threads = dict(zip(runs["run_id"], runs["threads"].fillna(1)))
+    starts = dict(zip(runs["run_id"], runs["start_time"]))
+    found: Timeline = {}
+    for row in trained_rows(table).itertuples():
+        for run_id in row.run_ids.split():
+            valid = {m.step: m for m in client.get_metric_history(run_id, "valid_ppl_epoch")}
+            seconds = {m.step: m.value for m in client.get_metric_history(run_id, "fit_seconds_epoch")}
+            if not valid:
+                continue
+            start = pd.Timestamp(starts[run_id]).timestamp() * 1000 if run_id in starts else None
+            points = [
+                (seconds[step] if step in seconds else (m.timestamp - start) / 1000, m.value)
+                for step, m in sorted(valid.items())
+                if step in seconds or start is not None
+            ]
+            minutes = [t * threads.get(run_id, 1) / 60 for t, _ in points]
+            found.setdefault(row.label, []).append((run_id, minutes, [v for _, v in points]))
+    return found
+
+
 def training_speeds(uri: str, table: pd.DataFrame, seeds: dict[str, str]) -> dict[str, dict[str, float]]:
     """Per trained row label, per seed: its training tokens per second, the mean of its epochs' (`faster` claims); a
     run adopted from another study logged its source's."""

@@ -20,7 +20,7 @@ from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std
 from nplm_repro.reporting.intervals import Evidence
-from nplm_repro.reporting.runs import history, training_speeds, varying_keys
+from nplm_repro.reporting.runs import Timeline, history, timeline, training_speeds, varying_keys
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.studies import declaration
 from nplm_repro.tracking.best import best, best_row, seeds
@@ -179,6 +179,7 @@ class Report:
     notes: list[tuple[str, list[str]]]  # the lists the study declares under its table: (heading, lines)
     reproducibility: list[str]
     history: dict[str, list[tuple[str, list[float]]]]
+    timeline: Timeline = field(default_factory=dict)  # validation perplexity against CPU minutes (runs.timeline)
     require_clean: bool = False
     left_out: int = 0  # runs of the study from dirty work trees, left out by require_clean
     recipe: recipe.Findings | None = None  # a study that declares a `recipe` (brown_recipe)
@@ -274,6 +275,7 @@ def build(
         notes=notes.declared_notes(context),
         reproducibility=notes.reproducibility(table, runs, evidence, commits),
         history=curves,
+        timeline=timeline(uri, table, runs),
         require_clean=require_clean,
         left_out=found.left_out,
         recipe=findings,
