@@ -263,7 +263,8 @@ def test_an_lstm_whose_perplexity_is_infinite_fails_as_diverged(tiny_brown_path:
     """A learning rate of a million: the loss stays a finite 1e25 while the perplexity overflows to inf. The run
     fails as diverged (exit 2, one line), so that no report, claim or registry takes it."""
     uri = f"sqlite:///{tmp_path}/m.db"
-    args = [NPLM_TRAIN, "experiment=lstm", "optim=sampled", "optim.lr=1e6", "data.eval_batch_size=256"]
+    args = [NPLM_TRAIN, "experiment=lstm", "optim=sampled", "model.output=standard", "optim.lr=1e6"]
+    args.append("data.eval_batch_size=256")
     args += [f"data.path={tiny_brown_path}", *data_slice(7_000, 1_500, 1_500), "trainer.max_epochs=1"]
     args += [f"tracking.uri={uri}", "trainer.enable_progress_bar=false"]
     result = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)

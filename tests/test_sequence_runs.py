@@ -17,10 +17,13 @@ from nplm_repro.tracking.scoring import RunScorer
 
 SMALL = {
     "lstm": [  # every regulariser on: scoring must not depend on any of them
-        *["model.width=24", "model.layers=2", "optim.batch_size=8", "model.locked=true"],
+        *["model.width=24", "model.layers=2", "optim.batch_size=8", "model.locked=true", "model.output=standard"],
         *["model.word_dropout=0.1", "model.weight_drop=0.3", "model.dropout_hidden=0.2"],
     ],
-    "transformer": ["model.width=24", "model.layers=1", "model.heads=2", "model.context=32", "optim.batch_size=8"],
+    "transformer": [
+        *["model.width=24", "model.layers=1", "model.heads=2", "model.context=32", "optim.batch_size=8"],
+        "model.output=standard",  # the rows' class layer trains exactly: this run is sampled
+    ],
 }
 CONTEXT = "The jury said that it"
 
