@@ -63,7 +63,7 @@ def search_note(runs: pd.DataFrame) -> list[str]:
     cpus = sorted(set(trials["cpu"]) - {""})
     lines = [
         f"Trials: {len(trials)} ({counted}; {failed} failed, {running} running); "
-        f"{cpu_hours(trials):.2f} CPU hours (training seconds x torch threads, summed over the trials)"
+        f"{cpu_hours(trials):.2f} CPU hours (training seconds x torch threads, summed over the trials that ended)"
         + (f" on {'; '.join(cpus)}" if cpus else "")
         + "."
     ]
