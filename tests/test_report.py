@@ -28,7 +28,7 @@ from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exact
 from nplm_repro.reporting.render import write
-from nplm_repro.reporting.tables import Report, build
+from nplm_repro.reporting.tables import Report, build, improving
 from nplm_repro.studies import declaration
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.best import row_run
@@ -950,3 +950,9 @@ def test_a_finished_run_with_an_infinite_perplexity_is_a_failed_row_never_a_numb
         assert not re.search(r"\binf\b|1\.79769|e\+308", text, re.IGNORECASE)
     with pytest.raises(NplmError, match="no FINISHED run of row 'MLP9'"):
         row_run(uri, "brown", "brown_table1", "MLP9")
+
+
+def test_a_row_says_how_many_seeds_stopped_while_still_improving() -> None:
+    """A seed whose last validation is its best stopped still improving (max_epochs, max_time, a search's budget)."""
+    curves = {"LSTM": [("a", [300.0, 250.0, 240.0]), ("b", [300.0, 240.0, 245.0]), ("c", [])], "KN": []}
+    assert improving(curves, "LSTM") == "1 of 2" and improving(curves, "KN") == "" and improving(curves, "x") == ""

@@ -31,6 +31,7 @@ DIRTY_NOTE = (
 # the CSV columns of the extra columns a study declares (its `reporting.columns`)
 COLUMN_FIELDS = {
     "best_epoch": ("best_epoch", "best_epoch_std"),
+    "improving": ("improving",),
     "test_range": ("test_ppl_min", "test_ppl_max"),
     "train_speed": ("train_speed", "train_speed_std"),
 }

@@ -112,6 +112,14 @@ def best_epochs(curves: dict[str, list[tuple[str, list[float]]]], seeds: dict[st
     }
 
 
+def improving(curves: dict[str, list[tuple[str, list[float]]]], label: str) -> str:
+    """How many of a row's seeds were still improving when they stopped (their last validation their best: stopped
+    by max_epochs, max_time or a search's budget, not by early stopping), `2 of 3`; '' for a row never validated."""
+    runs = [values for _, values in curves.get(label, []) if values]
+    stopped = sum(int(np.argmin(values)) == len(values) - 1 for values in runs)
+    return f"{stopped} of {len(runs)}" if runs else ""
+
+
 def with_per_seed(table: pd.DataFrame, name: str, values: dict[str, dict[str, float]]) -> pd.DataFrame:
     """The table with `name` and `name_std`, the mean and std over seeds of a per-seed value (`best_epoch`; the
     training tokens/s, `train_speed`); NaN for rows without one."""
@@ -250,6 +258,7 @@ def build(
     seeds = dict(zip(runs["run_id"], runs["seed"]))
     epochs, speeds = best_epochs(curves, seeds), training_speeds(uri, table, seeds)
     table = with_per_seed(with_per_seed(table, "best_epoch", epochs), "train_speed", speeds)
+    table = table.assign(improving=[improving(curves, label) for label in table["label"]])
     claims = check_claims(spec.get("claims") or [], table, evidence, epochs, speeds)
     if plan:
         table1 = fast_rows(plan, all_runs, fingerprint)
@@ -331,6 +340,8 @@ def display(report: Report) -> pd.DataFrame:
         frame[("test", "seeds' range")] = report.table.apply(_range, axis=1, split="test")
     if "best_epoch" in columns:
         frame[("", "best epoch")] = report.table.apply(_best_epoch, axis=1)
+    if "improving" in columns:
+        frame[("", "improving at the end")] = report.table["improving"]
     if "train_speed" in columns:
         frame[("", "training tokens/s")] = report.table.apply(_train_speed, axis=1)
     frame[("", "seeds")] = report.table.apply(_seeds, axis=1)
