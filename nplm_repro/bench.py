@@ -60,7 +60,7 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from nplm_repro.baselines.mixture import TrigramMixture
+from nplm_repro.baselines.mixture import Mixed, fit_mixed
 from nplm_repro.baselines.ngram import DeletedInterpolation, perplexity_of, split_windows
 from nplm_repro.cli import cli
 from nplm_repro.clock import Clock
@@ -333,11 +333,11 @@ def bench_ngrams(cfg: DictConfig, corpus: Corpus) -> None:
 
 
 def _mixture_pass(
-    mode: str, trigram: DeletedInterpolation, rows: dict[str, np.ndarray], mlp: dict[str, np.ndarray]
-) -> tuple[tuple[TrigramMixture, dict[str, float]], int]:
-    """EM on valid, then valid and test scored with the mixture."""
-    mixture = TrigramMixture(mode, trigram).fit(mlp["valid"], rows["valid"])
-    ppl = {f"{s}_ppl": perplexity_of(mixture.probs(mlp[s], rows[s])) for s in ("valid", "test")}
+    corpus: Corpus, mode: str, trigram: DeletedInterpolation, rows: dict[str, np.ndarray], mlp: dict[str, np.ndarray]
+) -> tuple[tuple[Mixed, dict[str, float]], int]:
+    """EM on valid, then valid and test scored with the mixture (as a mixed row's run mixes)."""
+    mixture = fit_mixed(corpus, ["MLP"], mode, mlp["valid"][:, None], with_trigram=True, trigram=trigram)
+    ppl = {f"{s}_ppl": perplexity_of(mixture.probs(mlp[s][:, None], rows[s])) for s in ("valid", "test")}
     return (mixture, ppl), len(mlp["valid"]) + len(mlp["test"])
 
 
@@ -347,7 +347,7 @@ def bench_mixture(cfg: DictConfig, corpus: Corpus, mlp: dict[str, np.ndarray]) -
     trigram = DeletedInterpolation().fit(corpus)
     rows = {split: split_windows(corpus, split, trigram.order) for split in mlp}
     for mode in ("learned", "context"):
-        (mixture, ppl), timing = timed_passes(cfg, functools.partial(_mixture_pass, mode, trigram, rows, mlp))
+        (mixture, ppl), timing = timed_passes(cfg, functools.partial(_mixture_pass, corpus, mode, trigram, rows, mlp))
         emit(f"mixture {mode}", **timing, **ppl, **mixture.describe())
 
 

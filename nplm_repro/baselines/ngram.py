@@ -29,6 +29,7 @@ from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import windows
 from nplm_repro.errors import NplmError
+from nplm_repro.family import Family, Job, Recorded, Tokens
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.rules import Rule, at_least
 from nplm_repro.scores import KEPT_SPLITS, Scores
@@ -105,28 +106,27 @@ class GramIndex:
         return Codes(targets, contexts)
 
 
-class NgramModel:
-    """Shared interface: `fit(corpus)` on its training split, then a probability for every token of a split."""
+class NgramModel(Family):
+    """A counted family (nplm_repro/family.py): `fit(corpus)` counts on its training split, then a probability for
+    every token of a split (`window_probs` of each token's window of `order` ids)."""
 
     order: int
-    family: str  # its name in run keys and reports (nplm_repro.tracking.keys)
-    label: str  # its name for people (reports)
-    colour = "C1"  # its colour in the reports' figures (matplotlib's cycle)
-    trained = False  # counted, not trained: no weights, no Model
+    colour = "C1"
     fingerprint: str | None = None
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
-        """The values of its keys that make sense (config_checks.check_config applies them)."""
         return {"model.n": at_least(2)}
 
     @classmethod
-    def check(cls, cfg: Any) -> None:
-        """What its values must satisfy together (none beyond each key's rule)."""
+    def fit_run(cls, cfg: Any, corpus: Corpus, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:
+        return fit_ngram(cfg, corpus, logger)
 
     @classmethod
-    def mixes(cls, cfg: Any) -> bool:
-        return False
+    def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
+        """Counted again (counting is deterministic), once per rebuilt run."""
+        model = run.memo("counted", lambda: instantiate(run.cfg.model, _convert_="all").fit(run.corpus))
+        return np.log(model.window_probs(tokens.rows(model.order)))
 
     def fit(self, corpus: Corpus) -> NgramModel:
         raise NotImplementedError

@@ -24,6 +24,7 @@ float32 distribution whatever the training used.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import sys
@@ -32,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
@@ -41,6 +43,7 @@ from nplm_repro.data.splits import SPLITS, Sizes
 from nplm_repro.data.streams import StreamBatches
 from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
+from nplm_repro.family import Family, Job, Recorded, Tokens
 from nplm_repro.models.classes import ClassOutput
 from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.features import FEATURES, lsi_features
@@ -49,7 +52,9 @@ from nplm_repro.models.outputs import Head, OutputLayer, Softmax, choose
 from nplm_repro.models.precision import PRECISIONS
 from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS, Proposal, SparseSGD
 from nplm_repro.models.schedules import schedules
+from nplm_repro.models.training import score_splits, train_neural
 from nplm_repro.rules import MIX_MODES, Rule, at_least, flag, number, one_of, optional
+from nplm_repro.scores import Scores
 
 _limit: Rule = (lambda v: type(v) is int and (v == -1 or v >= 1), "an integer >= 1, or -1 for no limit")
 TRAINING: dict[str, Rule] = {
@@ -89,8 +94,9 @@ DIVERGED = "the model diverged (try a smaller optim.lr)"
 RNG_KEY = "nplm_rng_states"  # the checkpoint's entry for the random generators (`on_save_checkpoint`)
 
 
-class LanguageModule(L.LightningModule):
-    """What every trained family's LightningModule shares, and what its callers ask of it.
+class LanguageModule(L.LightningModule, Family):
+    """What every trained family's LightningModule shares, and what its callers ask of it beyond the family's
+    contract (nplm_repro/family.py).
 
     Shared: exact evaluation (every token of a split once, the float32 softmax, per-token terms summed in float64),
     the training loss's bookkeeping and tokens/s. Asked, so that no caller names a family: `batches` (what the
@@ -102,10 +108,7 @@ class LanguageModule(L.LightningModule):
     A subclass defines `head`, `proposal_pairs` and those four.
     """
 
-    family = ""  # its name in run keys and reports (nplm_repro.tracking.keys)
-    label = ""  # its name for people: reports, the features artifacts
-    colour = "C0"  # its colour in the reports' figures (matplotlib's cycle)
-    trained = True  # by Lightning, with weights and a Model (an n-gram is counted)
+    trained = True  # by Lightning: weights, a Model (nplm_repro/family.py)
     # nplm-bench's lines for it: eq. (1) adds a plain PyTorch NPLM (`baseline`) and its mixtures with the trigram
     bench_lines = ("matmul", "train", "sampled", "profile", "classes", "eval")
     evaluated = SPLITS  # the splits a run scores at its end (a slow scorer leaves out train, which no report needs)
@@ -156,9 +159,13 @@ class LanguageModule(L.LightningModule):
             )
 
     @classmethod
-    def mixes(cls, cfg: Any) -> bool:
-        """Whether the row mixes this model with the trigram (`model.mix`, eq. (1)'s rows only) instead of training."""
-        return cfg.model.get("mix", "none") != "none"
+    def fit_run(cls, cfg: Any, corpus: Corpus, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:
+        """Trained (or continued from the checkpoint a kill left), its best weights scored on every split."""
+        return train_neural(cfg, corpus, logger, resume_from=job.resume_from())
+
+    @classmethod
+    def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
+        return score_splits(run.cfg, run.model(), tokens.corpus, [tokens.span])[tokens.span]
 
     def batches(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> Any:
         raise NotImplementedError
@@ -378,9 +385,35 @@ def word_classes(model: Any, corpus: Corpus) -> dict[str, Any]:
 
 
 class NPLMModule(LanguageModule):
-    family = "mlp"  # its name in run keys and reports (nplm_repro.tracking.keys)
+    family = "mlp"
     label = "MLP"
     bench_lines = (*LanguageModule.bench_lines, "baseline", "mixture")
+
+    @classmethod
+    def kind(cls, cfg: Any) -> str:
+        """A row with `model.mix` (the paper's mixed rows, MLP2 ...) mixes this MLP's run with the trigram."""
+        return "trained" if cfg.model.get("mix", "none") == "none" else "mixed"
+
+    @classmethod
+    def bases(cls, cfg: Any) -> list[Any]:
+        """A mixed row's MLP: the same config without the mixture (and no row: its own row's run, if it has one)."""
+        if cls.kind(cfg) == "trained":
+            return []
+        unmixed = copy.deepcopy(cfg)
+        unmixed.model.mix, unmixed.row = "none", None
+        return [unmixed]
+
+    @classmethod
+    def fit_run(cls, cfg: Any, corpus: Corpus, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:
+        if cls.kind(cfg) == "mixed":
+            return job.mix([cls.label], cfg.model.mix, trigram=True)
+        return super().fit_run(cfg, corpus, logger, job)
+
+    @classmethod
+    def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
+        if cls.kind(run.cfg) == "mixed":
+            return run.mixed(tokens, [cls.label], run.cfg.model.mix, trigram=True)
+        return super().score_run(run, tokens)
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:

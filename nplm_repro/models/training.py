@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
-from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.progress import report_status
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
@@ -115,7 +114,7 @@ def fit_callbacks(cfg: DictConfig) -> list[Callback]:
     return callbacks
 
 
-def build_module(cfg: DictConfig, corpus: Corpus) -> LanguageModule:
+def build_module(cfg: DictConfig, corpus: Corpus) -> L.LightningModule:
     """The LightningModule `cfg.model` names, for `corpus`'s vocabulary (its class's `build`)."""
     return get_class(cfg.model._target_).build(cfg, corpus)
 
@@ -184,7 +183,7 @@ def train_neural(
 
 
 def score_splits(
-    cfg: DictConfig, module: LanguageModule, corpus: Corpus, splits: Sequence[str]
+    cfg: DictConfig, module: L.LightningModule, corpus: Corpus, splits: Sequence[str]
 ) -> dict[str, np.ndarray]:
     """ln P(w_t | context) of every token of each split (any span of `corpus.bounds`), float32, by the same exact
     evaluation as a run's own (`Trainer.test`), in this process, on one device."""
@@ -199,6 +198,6 @@ def score_splits(
     return {s: keep.kept(i).numpy() for i, s in enumerate(splits)}
 
 
-def token_probs(cfg: DictConfig, module: LanguageModule, corpus: Corpus, split: str) -> np.ndarray:
+def token_probs(cfg: DictConfig, module: L.LightningModule, corpus: Corpus, split: str) -> np.ndarray:
     """P(w_t | context) of every token of a split, float64, in order (the bench's mixture line)."""
     return np.exp(score_splits(cfg, module, corpus, [split])[split].astype(np.float64))

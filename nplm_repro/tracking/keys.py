@@ -17,6 +17,8 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from nplm_repro.family import Family
+
 KEY_VERSION = "1"
 FAMILY_IDS = {  # never imported: names only
     "mlp": "nplm_repro.module.NPLMModule",
@@ -47,32 +49,27 @@ BOOKKEEPING = (
 )
 
 
+def family_of(cfg: DictConfig) -> type[Family]:
+    """The family of the model `cfg.model` builds: the class it names, which answers the contract of
+    nplm_repro/family.py; imports that class."""
+    return get_class(cfg.model._target_)
+
+
 def family(cfg: DictConfig) -> str:
-    """The family of the model `cfg.model` builds (its class's `family`); imports that class."""
-    return get_class(cfg.model._target_).family
+    """The family's name in run keys (its class's `family`)."""
+    return family_of(cfg).family
+
+
+def trains(cfg: DictConfig) -> bool:
+    """Whether the row trains weights of its own (its family says `kind` trained): it has a `model_key` and
+    checkpoints, and a job of another study with the same model_key adopts its run."""
+    return family_of(cfg).kind(cfg) == "trained"
 
 
 def trained(cfg: DictConfig) -> bool:
-    """Whether `model` is trained (by Lightning: weights, a Model) rather than counted or mixed: its class says."""
-    return get_class(cfg.model._target_).trained
-
-
-def mixed(cfg: DictConfig) -> bool:
-    """Whether the row mixes the scores of other models (kept scores) rather than training or counting its own."""
-    return get_class(cfg.model._target_).mixes(cfg)
-
-
-def kind(cfg: DictConfig) -> str:
-    """trained, counted or mixed: how the row gets its scores (tag `family_kind`, which reports read)."""
-    return "mixed" if mixed(cfg) else "trained" if trained(cfg) else "counted"
-
-
-def described(cfg: DictConfig) -> dict[str, str]:
-    """What a run's tags say of its family, for reports, which never import a family: its name, kind, label and
-    colour in figures."""
-    found = get_class(cfg.model._target_)
-    tags = {"family": found.family, "family_kind": kind(cfg), "family_label": found.label}
-    return tags | {"family_colour": found.colour}
+    """Whether the family trains (weights, a Model, the optim and trainer keys): an MLP mixed with the trigram too,
+    whose run keys name the MLP it mixes (`model_key`)."""
+    return family_of(cfg).trained
 
 
 def without_unused(tree: dict[str, Any]) -> dict[str, Any]:

@@ -10,12 +10,11 @@ last checkpoint if a kill interrupted it, mark orphaned RUNNING runs KILLED, fit
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import math
-import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -27,50 +26,29 @@ from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.entities import Run, RunTag
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.baselines.mixture import mix_runs, mix_with_trigram
-from nplm_repro.baselines.ngram import fit_ngram
+from nplm_repro.baselines.mixture import mix_runs
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
 from nplm_repro.models.lightning_module import DIVERGED
 from nplm_repro.models.precision import choices, job_precision
-from nplm_repro.models.training import best_checkpoint, train_neural
+from nplm_repro.models.training import best_checkpoint
 from nplm_repro.progress import report_status
 from nplm_repro.scores import ARTIFACT, Scores
+from nplm_repro.tracking.components import ComponentFailed, component_runs
 from nplm_repro.tracking.config_checks import check_sizes
 from nplm_repro.tracking.features import log_features
+from nplm_repro.tracking.finding import find_finished, search
 from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.keys import BOOKKEEPING, config_key, mixed, model_key, trained
+from nplm_repro.tracking.keys import config_key, family_of, model_key, trained, trains
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
-from nplm_repro.tracking.runs import TRAINED_GROUPS
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
 from nplm_repro.tracking.served import log_model
 from nplm_repro.tracking.store import open_store, reach_store, redact
 
 log = logging.getLogger(__name__)
-
-
-NEWEST_FIRST = ["attributes.start_time DESC"]
-
-
-def search(uri: str, experiment: str, *conditions: str, max_results: int = 1000) -> list[Run]:
-    """The runs of `experiment` that meet every condition (MLflow's filter syntax), newest first; none if the
-    experiment does not exist (yet)."""
-    client = mlflow.MlflowClient(uri)
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return []
-    query = " and ".join(conditions)
-    return list(client.search_runs([found.experiment_id], query, max_results=max_results, order_by=NEWEST_FIRST))
-
-
-def find_finished(uri: str, experiment: str, **tags: str) -> str | None:
-    """The newest FINISHED run of the experiment with these tag values, or None."""
-    conditions = [f"tags.{k} = '{v}'" for k, v in tags.items()]
-    runs = search(uri, experiment, *conditions, "attributes.status = 'FINISHED'", max_results=1)
-    return runs[0].info.run_id if runs else None
 
 
 def last_checkpoint(run: Run) -> Path | None:
@@ -124,104 +102,48 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
     return scores
 
 
-def base_run(cfg: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
-    """The finished run of the same MLP without mixture (same model_key); trained first if there is none.
+def base_run(base: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
+    """The finished run of the config `base` a row builds on (a family's `bases`: the MLP a mixed row mixes), found
+    by its model_key; trained first, as a run of its own, if there is none.
 
     Under the MLP's lock: if its own row's job is training it right now, this waits for that run.
     """
-    key = model_key(cfg, corpus.fingerprint)
+    key = model_key(base, corpus.fingerprint)
     with mlp_lock(key):
-        found = find_finished(cfg.tracking.uri, cfg.tracking.experiment, model_key=key)
+        found = find_finished(base.tracking.uri, base.tracking.experiment, model_key=key)
         if found:
-            log.info("mixing the MLP of run %s (model_key %s)", found, key)
+            log.info("building on the run %s (model_key %s)", found, key)
             return found
-        log.info("no finished run of this MLP (model_key %s) yet: training it first, as a run of its own", key)
-        unmixed = cfg.copy()
-        unmixed.model.mix, unmixed.row = "none", None
-        unmixed_key = config_key(unmixed, corpus.fingerprint)
-        with config_lock(unmixed_key):
-            return record(unmixed, corpus, unmixed_key, tags)[0]
+        log.info("no finished run of this model (model_key %s) yet: training it first, as a run of its own", key)
+        base_key = config_key(base, corpus.fingerprint)
+        with config_lock(base_key):
+            return record(base, corpus, base_key, tags)[0]
 
 
-WAIT_SECONDS = 15  # between two looks at a component still training
+@dataclass
+class Recording:
+    """What the ledger gives a family's `fit_run` (nplm_repro/family.py `Job`): the checkpoint it resumes from, and
+    the runs it builds on (`bases`: a mixture's components, or the MLP it mixes with the trigram), by their kept
+    scores."""
 
+    cfg: DictConfig
+    corpus: Corpus
+    logger: MLFlowLogger
+    bases: list[str]
+    resume: Path | None
 
-class ComponentFailed(NplmError):
-    """A row a mixture mixes has failed (in this sweep, say): the mixture's job fails, and records a FAILED run of its
-    own (`failed_run`), so that its row is listed as failed in the report, not missing."""
+    def resume_from(self) -> Path | None:
+        return self.resume
+
+    def mix(self, names: list[str], mode: str, trigram: bool) -> tuple[dict[str, float], Scores]:
+        parts = [base_scores(self.cfg.tracking.uri, base, self.corpus) for base in self.bases]
+        return mix_runs(self.corpus, self.logger, names, mode, parts, trigram)
 
 
 def failed_run(cfg: DictConfig, corpus: Corpus, error: BaseException) -> None:
     """A FAILED run of this job, with the tag `error`, for a job that fails before it could record one."""
     logger = open_run(cfg, corpus, config_key=config_key(cfg, corpus.fingerprint), error=redact(one_line(error)))
     logger.finalize("failed")
-
-
-def counted(run: Run) -> bool:
-    """Whether a run counted its model (an n-gram: no weights, so its seed changes nothing); runs from before the tag
-    `family_kind` were counted when they neither trained (model_key) nor mixed (base_run_id)."""
-    tags = run.data.tags
-    if "family_kind" in tags:
-        return tags["family_kind"] == "counted"
-    return "model_key" not in tags and "base_run_id" not in tags
-
-
-def one_configuration(name: str, study: str, runs: list[Run]) -> None:
-    """Refuse a component whose row name is shared by runs of several configurations (kn3 and kn5 are both
-    'Kneser-Ney back-off'): which one it mixes would depend on which ran last. The refusal names them by the values
-    that tell them apart."""
-    newest = {r.data.tags.get("config_key", r.info.run_id): r for r in reversed(runs)}
-    if len(newest) < 2:
-        return
-    # its configuration's params, not what a run fitted (an n-gram's fit.*)
-    names = {k for r in newest.values() for k in r.data.params if k.startswith(TRAINED_GROUPS)}
-    names = sorted(names - set(BOOKKEEPING))
-    differing = [k for k in names if len({r.data.params.get(k) for r in newest.values()}) > 1][:3]
-    each = "; ".join(
-        f"run {r.info.run_id[:8]} ({', '.join(f'{k}={r.data.params.get(k)}' for k in differing) or 'another config'})"
-        for r in newest.values()
-    )
-    raise NplmError(
-        f"model.components: row {name!r} is {len(newest)} configurations in study {study}: {each}; give each its own "
-        "row name (the `row` of its experiment) so that a component names exactly one"
-    )
-
-
-def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
-    """The finished run of each row `cfg.model.components` names, in this study, on this data: the one with this
-    job's seed, or for a counted row (no weights: the seed changes nothing) any. A component whose run is still
-    RUNNING (its job in this sweep) is waited for; one with no run, or only failed ones, is an error naming it, and
-    so is a row name that several configurations share (`one_configuration`)."""
-    uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
-    study = f"tags.study = '{cfg.study}'" if cfg.get("study") else "tags.study IS NULL"
-    found = []
-    for name in cfg.model.components:
-        while True:
-            runs = search(
-                uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'"
-            )
-            seeded = [r for r in runs if r.data.params.get("seed") == str(cfg.seed)]
-            if not any(r.info.status == "FINISHED" for r in seeded) and any(counted(r) for r in runs):
-                finished = [r for r in runs if r.info.status == "FINISHED" and counted(r)]
-                seeded = [r for r in runs if r.data.params.get("seed") == (finished or runs)[0].data.params.get("seed")]
-            live = [r for r in seeded if r.info.status in ("FINISHED", "RUNNING")]
-            one_configuration(name, cfg.get("study") or "(none)", live)
-            done = [r for r in live if r.info.status == "FINISHED"]
-            if done:
-                found.append(done[0])
-                break
-            if not live:
-                why = (
-                    f"model.components: no finished run of row {name!r} with seed {cfg.seed} in study "
-                    f"{cfg.get('study') or '(none)'} on this data"
-                )
-                if any(r.info.status == "FAILED" for r in seeded):
-                    raise ComponentFailed(f"{why}: its run failed, so this mixture fails with it")
-                raise NplmError(f"{why}: run that row first (a mixed row comes after its rows)")
-            report_status(state=f"waiting for {name}")
-            log.info("component %s (seed %s) is still running: waiting for it", name, cfg.seed)
-            time.sleep(WAIT_SECONDS)
-    return found
 
 
 def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
@@ -258,16 +180,16 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
         variants[precision] = cfg.copy()
         variants[precision].trainer.precision = precision
     keys = {p: config_key(v, corpus.fingerprint, parts) for p, v in variants.items()}
-    trains = trained(cfg) and not mixed(cfg)
+    own = trains(cfg)
     # the MLP's model_key (a mixed row's: the MLP it mixes)
     mlps = {p: model_key(v, corpus.fingerprint) for p, v in variants.items()} if trained(cfg) else {}
     with contextlib.ExitStack() as held:  # every key auto may take, in one order: two jobs never wait on each other
-        for mlp in sorted(set(mlps.values()) if trains else ()):  # a mixed row's MLP is locked by `base_run`
+        for mlp in sorted(set(mlps.values()) if own else ()):  # a mixed row's MLP is locked by `base_run`
             held.enter_context(mlp_lock(mlp))
         for key in sorted(set(keys.values())):
             held.enter_context(config_lock(key))
         cfg.trainer.precision, precision_tags = settle_precision(cfg, keys, mlps, output)
-        key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision) if trains else None
+        key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision) if own else None
         for other in set(keys.values()) - {key}:  # a run of this job under the precision it did not take
             end_orphans(uri, experiment, other)
         found = None if cfg.rerun else find_finished(uri, experiment, config_key=key)
@@ -327,24 +249,24 @@ COMPUTED_TAGS = ("git_commit", "mlflow.source.git.commit", "model_key", "checkpo
 COMPUTED_PREFIXES = ("version.", "cpu_", "precision.")
 
 
-def adopt(cfg: DictConfig, corpus: Corpus, key: str, trained: str) -> tuple[str, dict[str, float]]:
+def adopt(cfg: DictConfig, corpus: Corpus, key: str, made: str) -> tuple[str, dict[str, float]]:
     """This job's MLP was already trained by a job of another study (same model_key): record it as a run of this
     study without training it again. The new run has this job's config and tags, the trained run's metrics (with
     their per-epoch histories), its kept scores and its tags of where it computed, and the tag `adopted_from`."""
     client = mlflow.MlflowClient(cfg.tracking.uri)
-    source = client.get_run(trained)
+    source = client.get_run(made)
     if "adopted_from" in source.data.tags:  # adopted itself: adopt the run that trained it
-        trained = source.data.tags["adopted_from"]
-        source = client.get_run(trained)
-    log.info("adopted: run %s (study %s) trained this MLP already", trained, source.data.tags.get("study", "none"))
-    scores = base_scores(cfg.tracking.uri, trained, corpus)
+        made = source.data.tags["adopted_from"]
+        source = client.get_run(made)
+    log.info("adopted: run %s (study %s) trained this MLP already", made, source.data.tags.get("study", "none"))
+    scores = base_scores(cfg.tracking.uri, made, corpus)
     computed = {k: v for k, v in source.data.tags.items() if k in COMPUTED_TAGS or k.startswith(COMPUTED_PREFIXES)}
-    logger = open_run(cfg, corpus, config_key=key, adopted_from=trained)
+    logger = open_run(cfg, corpus, config_key=key, adopted_from=made)
     try:
         client.log_batch(logger.run_id, tags=[RunTag(name, value) for name, value in computed.items()])
         # its results, not MLflow's system metrics: those of the training are on the trained run
         names = [name for name in source.data.metrics if not name.startswith("system/")]
-        history = [m for name in names for m in client.get_metric_history(trained, name)]
+        history = [m for name in names for m in client.get_metric_history(made, name)]
         for start in range(0, len(history), 1000):  # MLflow takes at most 1000 metrics per batch
             client.log_batch(logger.run_id, metrics=history[start : start + 1000])
         log_scores(client, logger.run_id, scores)
@@ -379,8 +301,9 @@ def own_dir(path: Path) -> Path:
 def record(
     cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str], bases: list[str] | None = None
 ) -> tuple[str, dict[str, float]]:
-    """Fit or train the model and record it as one MLflow run (tagged with its config_key and `tags`); a mixture of
-    rows mixes the runs `bases` (`component_runs`, found before its key, which holds their config_keys).
+    """Fit the model as its family fits a run (`fit_run`: train, count or mix) and record it as one MLflow run
+    (tagged with its config_key and `tags`); a mixture of rows mixes the runs `bases` (`component_runs`, found
+    before its key, which holds their config_keys), a row its family builds on other configs (`bases`) mixes theirs.
 
     The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
     out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
@@ -389,36 +312,24 @@ def record(
     error.txt.
     """
     L.seed_everything(cfg.seed, workers=True)
-    resume = None
-    tags = dict(tags)
-    if not trained(cfg) and not mixed(cfg):
-        fit = fit_ngram
-    elif not mixed(cfg):
-        fit, tags["model_key"] = train_neural, model_key(cfg, corpus.fingerprint)
+    family, resume, tags = family_of(cfg), None, dict(tags)
+    if bases is None:  # the runs of other configs it builds on (an MLP's mixed row: the MLP), found or made first
+        bases = [base_run(base, corpus, tags) for base in family.bases(cfg)]
+    if bases:
+        tags["base_run_id"] = ",".join(bases)
+    if trains(cfg):
+        tags["model_key"] = model_key(cfg, corpus.fingerprint)
         if cfg.callbacks.get("model_checkpoint"):
             resume = None if cfg.rerun else find_resumable(cfg.tracking.uri, cfg.tracking.experiment, key)
             checkpoints = resume[1].parent if resume else own_dir(Path(cfg.callbacks.model_checkpoint.dirpath))
             cfg.callbacks.model_checkpoint.dirpath = tags["checkpoint_dir"] = str(checkpoints)
             if resume:
                 log.info("resuming run %s from %s", *resume)
-                fit = functools.partial(train_neural, resume_from=resume[1])
-    elif bases is not None:  # rows of this study, mixed by their kept scores
-        tags["base_run_id"] = ",".join(bases)
-
-        def fit(cfg: DictConfig, corpus: Corpus, logger: MLFlowLogger) -> tuple[dict[str, float], Scores]:
-            return mix_runs(cfg, corpus, logger, [base_scores(cfg.tracking.uri, b, corpus) for b in bases])
-
-    else:  # eq. (1)'s own MLP with the trigram (model.mix)
-        base = base_run(cfg, corpus, tags)
-        tags["base_run_id"] = base
-
-        def fit(cfg: DictConfig, corpus: Corpus, logger: MLFlowLogger) -> tuple[dict[str, float], Scores]:
-            return mix_with_trigram(cfg, corpus, logger, base_scores(cfg.tracking.uri, base, corpus))
-
     end_orphans(cfg.tracking.uri, cfg.tracking.experiment, key, keep=resume[0] if resume else None)
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
-        metrics, scores = fit(cfg, corpus, logger)
+        job = Recording(cfg, corpus, logger, bases, resume[1] if resume else None)
+        metrics, scores = family.fit_run(cfg, corpus, logger, job)
         check_perplexities(metrics)
         log_scores(logger.experiment, logger.run_id, scores)
         best = best_checkpoint(cfg) if "model_key" in tags else None  # a trained model's weights, as its Model

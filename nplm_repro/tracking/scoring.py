@@ -5,7 +5,8 @@ The run is rebuilt from what it recorded, never from the caller's config: its `c
 (read again with its own reader and checked against its data fingerprint), and its model: a trained model (the MLP,
 the LSTM, the Transformer) from its best checkpoint, an n-gram counted again (counting is deterministic), a mixed
 row from the runs it mixes (an MLP and the trigram, or its study's rows) with the weights fitted again on validation
-by the same EM. Each scores through the code path of the run's own evaluation.
+by the same EM. Its family scores it (`score_run`, nplm_repro/family.py), through the code path of the run's own
+evaluation; `RunScorer` is what a family reads of the run (the contract's `Recorded`).
 """
 
 from __future__ import annotations
@@ -15,32 +16,35 @@ import json
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import mlflow
 import numpy as np
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.baselines.mixture import Mixture, TrigramMixture
-from nplm_repro.baselines.ngram import DeletedInterpolation, NgramModel, split_windows
+from nplm_repro.baselines.mixture import Mixed, fit_mixed
+from nplm_repro.baselines.ngram import split_windows
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.plain import read_context, read_text
 from nplm_repro.errors import NplmError
+from nplm_repro.family import Family
 from nplm_repro.models.lightning_module import LanguageModule
-from nplm_repro.models.training import score_splits
 from nplm_repro.scores import KEPT_SPLITS, Scores
 from nplm_repro.tracking.kept import artifacts, download, kept_scores
-from nplm_repro.tracking.keys import mixed, trained
+from nplm_repro.tracking.keys import family_of
 from nplm_repro.tracking.served import model_of
 from nplm_repro.tracking.store import redact, store_error, tracking_at
 
 CHECKPOINT = "checkpoints/best.ckpt"  # where runs kept their weights before they logged a Model
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # what MLflow's stores name a run: uuid4().hex
+T = TypeVar("T")
 
 
 def check_run_id(run_id: str) -> None:
@@ -109,22 +113,21 @@ class RunScorer:
         reuse = corpus is not None and corpus.fingerprint == tags["data_fingerprint"]
         self.corpus = corpus if reuse else self._corpus(data_path)
         self._module: LanguageModule | None = None
-        self._ngram: NgramModel | None = None
-        self._mixture: TrigramMixture | None = None
-        self._base: RunScorer | None = None
         self._parts: list[RunScorer] | None = None
-        self._rows_mixture: tuple[Mixture, DeletedInterpolation | None] | None = None
+        self._made: dict[str, Any] = {}
 
     @property
     def name(self) -> str:
         return self.run.data.tags.get("mlflow.runName", self.run_id)
 
     @property
+    def family(self) -> type[Family]:
+        return family_of(self.cfg)
+
+    @property
     def kind(self) -> str:
-        """trained (weights), counted (an n-gram) or mixed (other models' scores): its family says."""
-        if mixed(self.cfg):
-            return "mixed"
-        return "trained" if trained(self.cfg) else "counted"
+        """trained (weights), counted (an n-gram) or mixed (other runs' scores): its family says."""
+        return self.family.kind(self.cfg)
 
     def _config(self) -> DictConfig:
         if "config.yaml" not in artifacts(self.client, self.run_id):
@@ -201,19 +204,9 @@ class RunScorer:
         return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, unknown)
 
     def logprob(self, tokens: Tokens) -> np.ndarray:
-        """ln P of every token (float64 from a count, float32 values from an MLP's exact softmax)."""
-        if self.kind == "trained":
-            return score_splits(self.cfg, self.model(), tokens.corpus, [tokens.span])[tokens.span]
-        if self.kind == "counted":
-            return np.log(self._counted().window_probs(tokens.rows(self._counted().order)))
-        if "components" in self.cfg.model:  # rows of its study (model=mixture)
-            probs = np.column_stack([np.exp(b.logprob(tokens).astype(np.float64)) for b in self._components()])
-            mixture, trigram = self._fitted_components()
-            bins = trigram.window_bins(tokens.rows(trigram.order)) if trigram else None
-            return np.log(mixture.probs(probs, bins))
-        base = self._mixed_base()
-        mlp = np.exp(base.logprob(tokens).astype(np.float64))
-        return np.log(self._fitted_mixture().probs(mlp, tokens.rows(3)))
+        """ln P of every token, as the run's family scores a recorded run (`score_run`): float64 from a count or a
+        mixture, float32 values from a trained model's exact softmax."""
+        return self.family.score_run(self, tokens)
 
     def kept(self) -> Scores:
         """The run's scores of valid and test, as runs now keep them."""
@@ -246,50 +239,34 @@ class RunScorer:
             self._module.eval()
         return self._module
 
-    def _counted(self) -> NgramModel:
-        if self._ngram is None:
-            self._ngram = instantiate(self.cfg.model, _convert_="all").fit(self.corpus)
-        return self._ngram
+    def memo(self, key: str, make: Callable[[], T]) -> T:
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
-    def _mixed_base(self) -> RunScorer:
-        if self._base is None:
-            base = self.run.data.tags.get("base_run_id")
-            if not base:
-                raise NplmError(f"mixed run {self.run_id} does not name the MLP it mixes (tag base_run_id)")
-            self._base = RunScorer(self.uri, base, corpus=self.corpus)
-        return self._base
-
-    def _components(self) -> list[RunScorer]:
-        """The runs a mixture of rows mixes (tag base_run_id: their ids, in `model.components` order)."""
+    def parts(self) -> list[RunScorer]:
+        """The runs it mixes (tag base_run_id: their ids, in the order of its components), rebuilt on its data."""
         if self._parts is None:
-            ids = self.run.data.tags.get("base_run_id", "").split(",")
-            if len(ids) != len(self.cfg.model.components):
+            ids = [run for run in self.run.data.tags.get("base_run_id", "").split(",") if run]
+            if not ids:
                 raise NplmError(f"mixed run {self.run_id} does not name the runs it mixes (tag base_run_id)")
             self._parts = [RunScorer(self.uri, run, corpus=self.corpus) for run in ids]
         return self._parts
 
-    def _fitted_components(self) -> tuple[Mixture, DeletedInterpolation | None]:
-        """The weights fitted again by EM on validation from the components' kept scores, and the trigram whose
-        context bins they are per (`context` mode; else None)."""
-        if self._rows_mixture is None:
-            valid = []
-            for part in self._components():
-                kept = kept_scores(part.client, part.run_id)
-                valid.append(kept.splits["valid"].logprob if kept else part.logprob(part.split("valid")))
-            probs = np.exp(np.column_stack(valid).astype(np.float64))
-            trigram = DeletedInterpolation().fit(self.corpus) if self.cfg.model.mode == "context" else None
-            bins = trigram.window_bins(split_windows(self.corpus, "valid", trigram.order)) if trigram else None
-            mixture = Mixture(self.cfg.model.components, self.cfg.model.mode)
-            self._rows_mixture = (mixture.fit(probs, bins, trigram.n_bins if trigram else 1), trigram)
-        return self._rows_mixture
+    def mixed(self, tokens: Tokens, names: list[str], mode: str, trigram: bool) -> np.ndarray:
+        parts = self.parts()
+        if len(parts) != len(names):
+            raise NplmError(
+                f"mixed run {self.run_id} names {len(parts)} runs it mixes (tag base_run_id), not {len(names)}"
+            )
+        fitted = self.memo("mixture", lambda: self._fitted(names, mode, trigram))
+        probs = np.column_stack([np.exp(part.logprob(tokens).astype(np.float64)) for part in parts])
+        return np.log(fitted.probs(probs, tokens.rows(fitted.trigram.order) if fitted.trigram is not None else None))
 
-    def _fitted_mixture(self) -> TrigramMixture:
-        """The mixture's weights fitted again by EM on validation, from the MLP's kept scores where it has them."""
-        if self._mixture is None:
-            base = self._mixed_base()
-            kept = kept_scores(base.client, base.run_id)
-            valid = kept.splits["valid"].logprob if kept else base.logprob(base.split("valid"))
-            trigram = DeletedInterpolation().fit(self.corpus)
-            rows = split_windows(self.corpus, "valid", trigram.order)
-            self._mixture = TrigramMixture(self.cfg.model.mix, trigram).fit(np.exp(valid.astype(np.float64)), rows)
-        return self._mixture
+    def _fitted(self, names: list[str], mode: str, trigram: bool) -> Mixed:
+        """The weights fitted again by EM on validation, from the parts' kept scores where they have them."""
+        valid = []
+        for part in self.parts():
+            kept = kept_scores(part.client, part.run_id)
+            valid.append(kept.splits["valid"].logprob if kept else part.logprob(part.split("valid")))
+        return fit_mixed(self.corpus, names, mode, np.exp(np.column_stack(valid).astype(np.float64)), trigram)

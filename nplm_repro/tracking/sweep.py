@@ -57,7 +57,8 @@ from nplm_repro.paths import check_report_dir
 from nplm_repro.progress import close_displays
 from nplm_repro.studies import check_claimed_rows, checked, claimed_rows
 from nplm_repro.tracking.config_checks import check_config, check_corpus
-from nplm_repro.tracking.ledger import end_orphans, search
+from nplm_repro.tracking.finding import search
+from nplm_repro.tracking.ledger import end_orphans
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
 from nplm_repro.tracking.registry import register_best
