@@ -1,13 +1,14 @@
 """`nplm-ask`: ask a trained MLP run what it learned: text continued from a prompt, or the nearest words of words in
 its learned feature space C (cosine similarity).
 
-nplm-ask generate 3f2a... --prompt "The jury said" --words 30 --seed 1
-nplm-ask generate --row MLP9 --study brown_table1 --prompt "It was" --temperature 0.8
+nplm-ask generate 3f2a... --prompt "The jury said" --words 30 --draw-seed 1
+nplm-ask generate --row MLP9 --study brown_table1 --seed 2 --prompt "It was" --temperature 0.8   # seed 2's run
 nplm-ask neighbours --row MLP9 --study brown_table1 cat dog room walking
 nplm-ask features 3f2a... --log                      # a run from before runs kept them: its features/ artifacts
 
 The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py), its words read as `nplm-score --text`
-reads a text: the run's own reader and vocabulary.
+reads a text: the run's own reader and vocabulary. --row, --study, --seed and --experiment name a run as they do in
+nplm-score (cli.py's `run_arguments`); --run-seed, their --seed before, still works for this release, with a warning.
 """
 
 from __future__ import annotations
@@ -16,16 +17,14 @@ import argparse
 import logging
 import math
 
-from nplm_repro.cli import cli, store_arguments
+from nplm_repro.cli import check_run, cli, named_run, run_arguments, store_arguments
 from nplm_repro.data.corpus import END_OF_TEXT, UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import TRACEBACK
 from nplm_repro.models.use import continue_ids, nearest
 from nplm_repro.tracking import features as tracked
-from nplm_repro.tracking.best import row_run
 from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.scoring import RunScorer
-from nplm_repro.tracking.store import existing_store
 
 
 def _arguments() -> argparse.Namespace:
@@ -38,22 +37,15 @@ def _arguments() -> argparse.Namespace:
         command.add_argument("run_id", nargs="?", help="the MLP run (or --row and --study)")
     neighbours.add_argument("items", nargs="+", metavar="[RUN_ID] WORD", help="the MLP run (or --row), then words")
     for command in (generate, neighbours, features):
-        command.add_argument(
-            "--row",
-            help="a row of --study (its runs' row tag: MLP9, ...): the run of it with the lowest valid perplexity, "
-            "of the row as the report shows it (tracking/best.py); with --run-seed, that seed's run",
-        )
-        command.add_argument("--study", help="with --row: the study whose run is asked (tag study)")
-        command.add_argument(
-            "--run-seed", type=int, help="with --row: that seed's run (default: the row's lowest valid perplexity)"
-        )
-        command.add_argument("--experiment", default="brown", help="with --row: the MLflow experiment")
+        run_arguments(command, "asked", run_seed=True)
         command.add_argument("--data-path", help="the run's corpus, where its recorded path no longer holds it")
         store_arguments(command)
     generate.add_argument("--prompt", default="", help="the text to continue (default: none, as a text starts)")
     generate.add_argument("--words", type=int, default=30, help="how many words to draw (default: 30)")
     generate.add_argument("--temperature", type=float, default=1.0, help="0: always the most probable word")
-    generate.add_argument("--seed", type=int, default=1, help="the draws' seed: the same seed, the same text")
+    generate.add_argument(
+        "--draw-seed", type=int, default=1, help="the draws' seed: the same seed, the same text (default: 1)"
+    )
     generate.add_argument("--no-unk", action="store_true", help="never draw <unk>")
     features.add_argument("--log", action="store_true", help="attach them to the run (as runs now do when they end)")
     neighbours.add_argument(
@@ -64,10 +56,9 @@ def _arguments() -> argparse.Namespace:
         args.run_id, args.words = (None, args.items) if args.row else (args.items[0], args.items[1:])
         if not args.words:
             raise NplmError("neighbours: name at least one word after the run")
-    if bool(args.run_id) == bool(args.row):
-        raise NplmError("name one run: a run id, or --row with --study")
-    if args.row and not args.study:
-        raise NplmError("--row needs --study: the study whose run of that row is asked")
+    if args.command == "generate" and args.run_id and args.seed is not None:  # --seed was the draws' seed
+        raise NplmError(f"--seed {args.seed} picks a seed's run of --row: the draws' seed is --draw-seed")
+    check_run(args)
     if args.command == "generate" and args.words < 1:
         raise NplmError(f"--words {args.words}: must be at least 1")
     if args.command == "generate" and not (math.isfinite(args.temperature) and args.temperature >= 0):
@@ -82,10 +73,10 @@ def generate(scorer: RunScorer, args: argparse.Namespace) -> str:
     prompt = scorer.words(args.prompt)
     never = (vocab.index(UNK),) if args.no_unk else ()
     drawn = continue_ids(
-        scorer.model(), prompt, args.words, args.temperature, args.seed, vocab.index(END_OF_TEXT), never
+        scorer.model(), prompt, args.words, args.temperature, args.draw_seed, vocab.index(END_OF_TEXT), never
     )
     shown = " ".join(vocab[i] for i in prompt) + " | " + " ".join(vocab[i] for i in drawn)
-    how = f"temperature {args.temperature:g}, seed {args.seed}" if args.temperature else "most probable words"
+    how = f"temperature {args.temperature:g}, draw seed {args.draw_seed}" if args.temperature else "most probable words"
     return f"run {scorer.run_id[:12]} ({scorer.name}), {args.words} words, {how}:\n{shown.strip()}"
 
 
@@ -137,8 +128,7 @@ def features(scorer: RunScorer, log: bool) -> str:
 def _main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     args = _arguments()
-    existing_store(args.tracking_uri)
-    run_id = args.run_id or row_run(args.tracking_uri, args.experiment, args.study, args.row, args.run_seed)
+    run_id = named_run(args)
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
     if scorer.kind != "trained":
         raise NplmError(f"run {run_id} is a {scorer.kind} run: generate and neighbours ask a trained model itself")

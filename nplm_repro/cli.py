@@ -1,7 +1,8 @@
 """The wrapper every command's main runs in (`cli`): how it ends, by exits.py's rule (a bad key or value is one line
 and exit 2, any other error one line and exit 1), Ctrl-C or SIGTERM one line and exit 130 (a run being recorded ends
 KILLED); what it silences; a study's command of before read as today's. The same rule holds in a single run and a
-sweep."""
+sweep. And the options the argparse commands share, declared once so that one spelling means one thing in each:
+where the store is (`store_arguments`), which run of it is read (`run_arguments`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from nplm_repro.exits import (
     fail_with,
     traceback_switch,
 )
+from nplm_repro.tracking.best import row_run
+from nplm_repro.tracking.store import existing_store
 
 # How a study ran before the studies became the config group `study`: sweeps/ as Hydra's config directory
 OLD_STUDY_OPTIONS = {"-cd": "dir", "--config-dir": "dir", "-cn": "name", "--config-name": "name"}
@@ -139,3 +142,55 @@ def store_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",
         help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
     )
+
+
+# nplm-ask's name for --seed until it took nplm-score's; said once when it is given
+RUN_SEED_DEPRECATED = "--run-seed is deprecated: use --seed (it will be removed in the next release)"
+
+
+def run_arguments(parser: argparse.ArgumentParser, verb: str, run_seed: bool = False) -> None:
+    """The options that name a recorded run by its study's row, declared once for every command that reads one run
+    (nplm-score, nplm-ask's subcommands) so that each spells and means them alike: nplm-ask's --seed was the seed of
+    its draws, its --run-seed nplm-score's --seed. `verb`: what the command does with the run (`scored`, `asked`).
+    The run id, the other way to name it, is each command's own positional: nplm-ask neighbours reads words after it.
+    `run_seed`: also `--run-seed`, for one more release (`check_run` reads it as --seed and warns of it)."""
+    parser.add_argument(
+        "--row",
+        help="a row of --study (its runs' row tag: MLP9, Del. Int., ...): the run of it with the lowest valid "
+        "perplexity, of the row as the report shows it (tracking/best.py); with --seed, that seed's run",
+    )
+    parser.add_argument("--study", help=f"with --row: the study whose run is {verb} (tag study)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="with --row: that seed's run (default: the row's seed with the lowest valid perplexity)",
+    )
+    if run_seed:
+        parser.add_argument("--run-seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--experiment", default="brown", help="with --row: the MLflow experiment (default: brown)")
+
+
+def check_run(args: argparse.Namespace) -> None:
+    """Refuse, before any store is opened, a run named twice or not at all (`args.run_id`, or --row), a row without
+    its study, and a seed with no row to pick it from (a run id names its run: the seed would go unread), each in one
+    line. A deprecated `--run-seed` is read as --seed, unless --seed names another seed, and warned of."""
+    old = getattr(args, "run_seed", None)
+    if old is not None and args.seed not in (None, old):
+        raise NplmError(f"--seed {args.seed} and --run-seed {old} name two seeds: give --seed alone")
+    if bool(args.run_id) == bool(args.row):
+        raise NplmError("name one run: a run id, or --row with --study")
+    if args.row and not args.study:
+        raise NplmError("--row needs --study: the study whose row it is")
+    seed, given = (args.seed, "--seed") if old is None else (old, "--run-seed")
+    if seed is not None and not args.row:
+        raise NplmError(f"{given} {seed} picks a seed's run of --row: a run id names its run already")
+    if old is not None:
+        print(f"{os.path.basename(sys.argv[0])}: warning: {RUN_SEED_DEPRECATED}", file=sys.stderr)
+        args.seed = old
+
+
+def named_run(args: argparse.Namespace) -> str:
+    """The run `check_run` let through, in a store that exists: the run id given, else --row's run in --study by
+    the one rule of the best run (tracking/best.py), or that of --seed."""
+    existing_store(args.tracking_uri)
+    return args.run_id or row_run(args.tracking_uri, args.experiment, args.study, args.row, args.seed)

@@ -3,11 +3,13 @@ was counted (as SRILM's `ngram -ppl` and KenLM's `query` print it).
 
 nplm-score 3f2a...                                   # a run id: its test split
 nplm-score --row MLP5 --study brown_table1 --split valid
+nplm-score --row MLP5 --study brown_table1 --seed 2       # that seed's run of the row
 nplm-score 3f2a... --text story.txt --per-token story.tsv
 nplm-score 3f2a... --text tokens.txt --tokenized          # whitespace-separated tokens, read as they are
 nplm-score 3f2a... --log                             # attach kept scores to a run made before runs kept them
 
 The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py): MLP, n-gram and mixed runs alike.
+--row, --study, --seed and --experiment name a run as they do in nplm-ask (cli.py's `run_arguments`).
 """
 
 from __future__ import annotations
@@ -21,15 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from nplm_repro.cli import cli, store_arguments
+from nplm_repro.cli import check_run, cli, named_run, run_arguments, store_arguments
 from nplm_repro.data.corpus import UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import TRACEBACK
 from nplm_repro.scores import KEPT_SPLITS
-from nplm_repro.tracking.best import row_run
 from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.scoring import RunScorer, Tokens, check_run_id
-from nplm_repro.tracking.store import existing_store
 
 TOLERANCE = 1e-6  # relative: kept scores must give the run's logged perplexity
 SHOWN_UNKNOWN = 10  # the most frequent words outside the vocabulary that are listed
@@ -38,18 +38,7 @@ SHOWN_UNKNOWN = 10  # the most frequent words outside the vocabulary that are li
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="nplm-score", description=__doc__.splitlines()[0])
     parser.add_argument("run_id", nargs="?", help="the run to score (or --row and --study)")
-    parser.add_argument(
-        "--row",
-        help="a row of --study (its runs' row tag: MLP5, Del. Int., ...): the run of it with the lowest valid "
-        "perplexity, of the row as the report shows it (tracking/best.py); with --seed, that seed's run",
-    )
-    parser.add_argument("--study", help="with --row: the study whose run is scored (tag study)")
-    parser.add_argument(
-        "--seed",
-        type=int,
-        help="with --row: that seed's run (default: the row's seed with the lowest valid perplexity)",
-    )
-    parser.add_argument("--experiment", default="brown", help="with --row: the MLflow experiment (default: brown)")
+    run_arguments(parser, "scored")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--split", choices=("train", "valid", "test"), help="a split of the run's data (default: test)")
     where.add_argument("--text", type=Path, help="a text file, read as the run reads its corpus, and its vocabulary")
@@ -61,12 +50,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--data-path", help="the run's corpus, where its recorded path no longer holds it")
     store_arguments(parser)
     args = parser.parse_args()
-    if bool(args.run_id) == bool(args.row):
-        raise NplmError("name one run: a run id, or --row with --study")
+    check_run(args)
     if args.run_id:
         check_run_id(args.run_id)
-    if args.row and not args.study:
-        raise NplmError("--row needs --study: the study whose run of that row is scored")
     if args.tokenized and not args.text:
         raise NplmError("--tokenized says how --text is read: give --text")
     if args.log and (args.text or args.split or args.per_token):
@@ -149,8 +135,7 @@ def backfill(scorer: RunScorer) -> str:
 def _main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # its device and tip lines, at every Trainer
     args = _arguments()
-    existing_store(args.tracking_uri)
-    run_id = args.run_id or row_run(args.tracking_uri, args.experiment, args.study, args.row, args.seed)
+    run_id = named_run(args)
     scorer = RunScorer(args.tracking_uri, run_id, args.data_path)
     if args.log:
         print(backfill(scorer))

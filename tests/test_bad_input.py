@@ -99,6 +99,40 @@ def test_a_temperature_that_is_not_a_finite_number_at_least_0_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_commands_that_read_a_run_name_it_with_the_same_options(
+    tmp_path: Path, ask: Callable[..., Done], score: Callable[..., Done]
+) -> None:
+    """nplm-score and nplm-ask's three subcommands take --row, --study, --seed and --experiment from one declaration
+    (cli.py's `run_arguments`): nplm-ask's --seed was the seed of generate's draws, now --draw-seed. Its old
+    --run-seed is read (the store is looked for) but not listed; a seed given two ways, or with a run id that names
+    the run already, is one line before any store is opened."""
+    named = {"--row", "--study", "--seed", "--experiment"}
+    commands = [ask(tmp_path, command, "--help") for command in ("generate", "neighbours", "features")]
+    for done in (*commands, score(tmp_path, "--help")):
+        assert done.returncode == 0 and named <= set(re.findall(r"--[\w-]+", done.stdout)), done.stdout
+        assert "--run-seed" not in done.stdout
+    assert "--draw-seed" in commands[0].stdout
+
+    none, run_id = f"sqlite:///{tmp_path}/none.db", "0" * 32
+    row = ["--row", "MLP1", "--study", "adhoc"]
+    cases = {
+        ("neighbours", *row, "--seed", "1", "--run-seed", "2", "the"): "--seed 1 and --run-seed 2 name two seeds",
+        ("generate", run_id, "--seed", "2"): "--seed 2 picks a seed's run of --row: the draws' seed is --draw-seed",
+        ("features", run_id, "--run-seed", "2"): "--run-seed 2 picks a seed's run of --row: a run id names its run",
+        ("features", "--row", "MLP1", "--seed", "2"): "--row needs --study: the study whose row it is",
+    }
+    for args, words in cases.items():
+        assert refused(ask(tmp_path, *args, "--tracking-uri", none)).startswith(words)
+    done = score(tmp_path, run_id, "--seed", "2", "--tracking-uri", none)
+    assert refused(done, "nplm-score") == "--seed 2 picks a seed's run of --row: a run id names its run already"
+    assert list(tmp_path.iterdir()) == []  # no store opened
+    same = ask(tmp_path, "features", *row, "--seed", "2", "--run-seed", "2", "--tracking-uri", none)
+    assert same.stderr.splitlines() == [
+        "nplm-ask: warning: --run-seed is deprecated: use --seed (it will be removed in the next release)",
+        f"nplm-ask: error: no tracking store at {tmp_path}/none.db: pass --tracking-uri",
+    ]
+
+
 def left_behind(folder: Path) -> list[str]:
     """What a refused command left in `folder` that a store makes: a database, a lock, artifacts."""
     return sorted(str(p) for p in folder.rglob("*") if p.suffix in (".db", ".lock") or p.name == "mlruns")

@@ -7,11 +7,12 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import SLICE, composed, run_script
+from helpers import SLICE, Done, composed, run_script
 from mlflow.tracking import MlflowClient
 
 from nplm_repro import report as nplm_report
@@ -129,6 +130,28 @@ def test_nplm_score_row_scores_the_rules_run(
     monkeypatch.setattr(sys, "argv", argv)
     nplm_score.main()
     assert f"run {best[:12]} " in capsys.readouterr().out
+
+
+def test_nplm_ask_and_nplm_score_name_a_rows_seed_alike(
+    store: tuple[Path, str], score: Callable[..., Done], ask: Callable[..., Done]
+) -> None:
+    """--row, --study and --seed are one declaration (cli.py's `run_arguments`): nplm-score and nplm-ask name seed
+    2's run of MLP1, not the row's best; nplm-ask's old --run-seed names it too, with one line of warning, and
+    generate's draws take --draw-seed."""
+    workdir, uri = store
+    seed_2 = row_run(uri, "brown", "adhoc", "MLP1", 2)
+    assert seed_2 != row_run(uri, "brown", "adhoc", "MLP1", 1)
+    row = ["--row", "MLP1", "--study", "adhoc", "--tracking-uri", uri]
+    scored = score(workdir, *row, "--seed", "2", "--split", "valid")
+    asked = ask(workdir, "neighbours", *row, "--seed", "2", "the", "--k", "1")
+    old = ask(workdir, "neighbours", *row, "--run-seed", "2", "the", "--k", "1")
+    drawn = ask(workdir, "generate", *row, "--seed", "2", "--words", "3", "--draw-seed", "7")
+    for done in (scored, asked, old, drawn):
+        assert done.returncode == 0 and done.stdout.startswith(f"run {seed_2[:12]} "), done.stderr
+    assert old.stdout == asked.stdout and "deprecated" not in asked.stderr
+    warning = "nplm-ask: warning: --run-seed is deprecated: use --seed (it will be removed in the next release)"
+    assert [line for line in old.stderr.splitlines() if "deprecated" in line] == [warning]
+    assert "3 words, temperature 1, draw seed 7:" in drawn.stdout
 
 
 def test_nplm_report_registers_the_adhoc_mlp_it_lists(

@@ -223,7 +223,7 @@ def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[s
 
 def test_nplm_ask_continues_a_prompt_with_it(row: tuple[str, str], ask, tmp_path: Path) -> None:
     uri, run_id = row
-    args = ["generate", run_id, "--prompt", PROMPT, "--words", "6", "--seed", "1", "--tracking-uri", uri]
+    args = ["generate", run_id, "--prompt", PROMPT, "--words", "6", "--draw-seed", "1", "--tracking-uri", uri]
     first, second = ask(tmp_path, *args), ask(tmp_path, *args)
     assert first.returncode == 0 and first.stdout == second.stdout and first.stdout.strip()
 

@@ -189,10 +189,10 @@ def test_generate_continues_a_prompt_the_same_for_a_seed(
 ) -> None:
     workdir, uri, ids = store
     args = ["generate", ids["mlp5"], "--tracking-uri", uri, "--prompt", "The jury said", "--words", "12"]
-    first, again, other = (ask(workdir, *args, "--seed", seed) for seed in ("1", "1", "2"))
+    first, again, other = (ask(workdir, *args, "--draw-seed", seed) for seed in ("1", "1", "2"))
     assert first.returncode == 0, first.stderr
     head, text = first.stdout.strip().split("\n")
-    assert head.endswith("12 words, temperature 1, seed 1:") and text.startswith("The jury said | ")
+    assert head.endswith("12 words, temperature 1, draw seed 1:") and text.startswith("The jury said | ")
     assert len(text.split(" | ")[1].split()) == 12
     assert again.stdout == first.stdout and other.stdout != first.stdout
     greedy = ask(workdir, *args, "--temperature", "0", "--no-unk")
