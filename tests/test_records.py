@@ -87,7 +87,14 @@ def throwaway_repo(path: Path) -> str:
     return commit_all(path)
 
 
-PROJECT = ("nplm_repro", "hydra_plugins", "conf", "sweeps", "pyproject.toml", "README.md")  # what `pip install .` builds
+PROJECT = (
+    "nplm_repro",
+    "hydra_plugins",
+    "conf",
+    "sweeps",
+    "pyproject.toml",
+    "README.md",
+)  # what `pip install .` builds
 
 
 def needs_git_checkout() -> None:

@@ -12,7 +12,6 @@ import torch
 from helpers import SLICE, data_slice, run_script
 from torch.nn import functional as F
 
-from nplm_repro.bench import PROFILED_STEPS, TOP_OPS
 from nplm_repro.clock import Clock
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.windows import loader
@@ -20,6 +19,7 @@ from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.precision import resolve
+from nplm_repro.models.speed import PROFILED_STEPS, TOP_OPS
 
 SHAPES = [(100, False), (50, True), (0, True)]
 

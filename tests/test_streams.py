@@ -14,7 +14,7 @@ from helpers import TINY_BROWN, composed, data_slice
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.streams import Bptt, Chunks, Sliding, inputs_targets
-from nplm_repro.models.lightning_module import LanguageModule
+from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.training import build_module, score_splits
 
 TOKENS = torch.arange(1, 101)

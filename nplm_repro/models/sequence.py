@@ -27,7 +27,7 @@ from torch import nn
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
-from nplm_repro.models.lightning_module import LanguageModule, word_classes
+from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.outputs import Head
 from nplm_repro.models.schedules import schedules
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional

@@ -13,7 +13,7 @@ import lightning as L
 import numpy as np
 import torch
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
@@ -36,6 +36,18 @@ def resume_point(best: DictConfig) -> ModelCheckpoint:
     """last.ckpt, written after every epoch beside the best checkpoint: where a killed run resumes."""
     last = ModelCheckpoint.CHECKPOINT_NAME_LAST
     return ModelCheckpoint(dirpath=best.dirpath, filename=last, save_top_k=1, enable_version_counter=False)
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's bar with readable numbers: tokens/s as an integer, perplexity with one decimal."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, int | str | float]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        items = {k: f"{v:.1f}" if "ppl" in k and isinstance(v, float) else v for k, v in items.items()}
+        if trainer.training and hasattr(pl_module, "tokens_per_s"):  # a LanguageModule's training
+            items["tok/s"] = f"{pl_module.tokens_per_s():,.0f}"
+        return items
 
 
 class EpochStatus(Callback):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from nplm_repro.models.lightning_module import LanguageModule
+from nplm_repro.models.language_module import LanguageModule
 
 
 @torch.no_grad()

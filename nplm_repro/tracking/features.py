@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from nplm_repro.baselines.ngram import DeletedInterpolation
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
-from nplm_repro.models.lightning_module import LanguageModule
+from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.use import nearest
 from nplm_repro.perplexity import perplexity_of
 
