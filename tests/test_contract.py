@@ -13,7 +13,7 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from helpers import CONF, TINY_BROWN, composed, data_slice
+from helpers import CONF, ROOT, TINY_BROWN, composed, data_slice
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,7 +31,8 @@ from nplm_repro.tracking.scoring import RunScorer
 
 FAMILIES = Path(__file__).resolve().parent / "families"
 TOY = "unigram"  # tests/families/model/unigram.yaml
-MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml")) + [TOY]
+EXTENDING = "extending"  # docs/extending.md's example, as written there (`extending`)
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml")) + [TOY, EXTENDING]
 TINY = [f"data.path={TINY_BROWN}", *data_slice(6_000, 1_500, 1_500)]
 # What makes a trained family's run short: one epoch of a few batches, small layers where the family has them
 SHORT = {
@@ -45,18 +46,31 @@ TRAINED = ("mlp", "lstm", "transformer")  # their runs train: slow tests (tests/
 COMPONENTS = ("del_int", "kn3")  # the rows a mixture mixes here: counted, so seconds
 
 
+def extending(into: Path) -> Path:
+    """docs/extending.md's counted family, its code block as written, with a config group of its own."""
+    text = (ROOT / "docs" / "extending.md").read_text()
+    code = text.split("## A counted family", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (into / "model").mkdir(parents=True)
+    (into / "extending_example.py").write_text(code)
+    (into / "model" / f"{EXTENDING}.yaml").write_text("_target_: extending_example.Unigram\nadd: 1.0\n")
+    return into
+
+
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A folder with a real MLflow store; the toy family's module importable, its config group on the search path."""
+    """A folder with a real MLflow store; the families from outside the package importable, their config groups found
+    on Hydra's search path."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(FAMILIES))
+    monkeypatch.syspath_prepend(str(extending(tmp_path / "docs_family")))
     return tmp_path
 
 
 def job(folder: Path, model: str, *overrides: str) -> DictConfig:
     """A job of `model` on the tiny corpus, composed as nplm-train composes it."""
-    found = [f"hydra.searchpath=[file://{FAMILIES}]"] if model == TOY else []
+    outside = {TOY: FAMILIES, EXTENDING: folder / "docs_family"}
+    found = [f"hydra.searchpath=[file://{outside[model]}]"] if model in outside else []
     short = [*SHORT.get(model, []), *(QUICK if model in TRAINED else [])]
     if model == "mixture":
         short = ["model.components=['Del. Int.','Kneser-Ney back-off']"]

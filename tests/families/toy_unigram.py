@@ -1,8 +1,8 @@
 """A model family written outside the package, as docs/extending.md shows: the add-one unigram, a counted family.
 
-It subclasses the n-gram interface (`fit` on the training split, `window_probs` for every token, `describe`) and
-says what the callers ask of a family (`family`, `label`, `colour`, `rules`, `check`, `mixes`); nothing in
-nplm_repro names it.
+It subclasses the counted kind (`NgramModel`: `fit` on the training split, `window_probs` for every token,
+`describe`) and says the rest of the family contract of nplm_repro/family.py (`family`, `label`, `colour`, `rules`,
+`check`); nothing in nplm_repro names it.
 """
 
 from __future__ import annotations
