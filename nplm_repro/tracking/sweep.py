@@ -60,8 +60,9 @@ from nplm_repro.tracking.config_checks import check_config, check_corpus
 from nplm_repro.tracking.ledger import end_orphans, search
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
+from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.registry import register_best
-from nplm_repro.tracking.store import check_store, ensure_experiment, redact
+from nplm_repro.tracking.store import check_store, ensure_experiment
 from nplm_repro.tracking.study_rows import BASIC_SWEEPER, declared_rows, expand, less_seed
 
 log = logging.getLogger(__name__)
