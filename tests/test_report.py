@@ -20,6 +20,7 @@ from helpers import PAPER, SLICE, composed, evidence_of, run_script, slice_texts
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
+from nplm_repro import paper as paper_facts
 from nplm_repro import report
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import label, paper_table
@@ -484,6 +485,18 @@ def paper_as_ours(study: str = "brown_table1", **test: float | None) -> pd.DataF
 
 def verdicts(table: pd.DataFrame) -> list[str]:
     return [claim.verdict for claim in check_claims(declaration("brown_table1")["claims"], table, evidence_of(table))]
+
+
+def test_the_papers_table_is_read_once_and_each_caller_gets_its_own_copy() -> None:
+    """paper_table reads the CSV once a process; a caller that changes its table changes no other caller's."""
+    first = paper_table("brown_table1")
+    reads = paper_facts._read_table.cache_info().misses
+    first["paper_test_ppl"] = 0.0
+    first.loc[0, "row"] = "changed"
+    again = paper_table("brown_table1")
+    assert again is not first and again["paper_test_ppl"].min() > 0 and "changed" not in set(again["row"])
+    assert again.equals(paper_table("brown_table1"))
+    assert paper_facts._read_table.cache_info().misses == reads  # no call since the first read the CSV again
 
 
 def test_the_papers_own_numbers_satisfy_every_claim_it_makes() -> None:

@@ -13,20 +13,13 @@ import logging
 import os
 import re
 from collections import Counter
-from functools import partial
 from pathlib import Path
 
-from nplm_repro.data.corpus import (
-    END_OF_PARAGRAPH,
-    END_OF_TEXT,
-    Corpus,
-    build_vocab,
-    check_vocab_from,
-    make_corpus,
-    read_members,
-    split_paragraphs,
-)
+from nplm_repro.data.corpus import Corpus, make_corpus
+from nplm_repro.data.files import read_members
 from nplm_repro.data.splits import split_bounds
+from nplm_repro.data.tokens import END_OF_PARAGRAPH, END_OF_TEXT, split_paragraphs
+from nplm_repro.data.vocabulary import build_vocab, check_vocab_from, word_counts
 from nplm_repro.errors import NplmError
 
 log = logging.getLogger(__name__)
@@ -129,14 +122,15 @@ def prepare_brown(
     max_unk_freq: int = 3,
     vocab_from: str = "stream",
 ) -> Corpus:
-    """Brown as the paper streams it, with frequencies counted on `vocab_from` ('stream' or 'train')."""
+    """Brown as the paper streams it, with frequencies counted on `vocab_from` ('stream' or 'train'): its files and
+    tokens (`read_brown`), the splits' bounds, the vocabulary, the Corpus."""
     check_vocab_from(vocab_from)
     source = find_brown(path)
     tokens, counted, texts = read_brown(source)
     bounds = split_bounds(len(tokens), train, valid, test)
     tokens = tokens[: bounds["test"][1]]
-    vocabulary = partial(build_vocab, max_unk_freq=max_unk_freq)
-    corpus = make_corpus(Corpus, "brown", tokens, bounds, counted, vocabulary, vocab_from, source.name, texts=texts)
+    vocab = build_vocab(word_counts(tokens, bounds, vocab_from), max_unk_freq)
+    corpus = make_corpus(Corpus, "brown", tokens, bounds, counted, vocab, source.name, texts=texts)
     log.info("read %s", source)
     log.info("%s", corpus.summary())
     return corpus

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from nplm_repro.data.brown import brown_text, read_brown
 from nplm_repro.data.brown_forms import BROWN_FORMS
-from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, split_paragraphs
 from nplm_repro.data.text import TAGGED, drop_invisible, read_text_tokens
+from nplm_repro.data.tokens import END_OF_PARAGRAPH, END_OF_TEXT, split_paragraphs
 from nplm_repro.errors import NplmError
 
 if TYPE_CHECKING:

@@ -32,23 +32,16 @@ import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
-from nplm_repro.data.corpus import (
-    END_OF_PARAGRAPH,
-    END_OF_TEXT,
-    UNK,
-    Corpus,
-    check_vocab_from,
-    make_corpus,
-    open_zip,
-    read_members,
-    split_paragraphs,
-)
+from nplm_repro.data.corpus import Corpus, make_corpus
+from nplm_repro.data.files import open_zip, read_members
 from nplm_repro.data.splits import SPLITS, split_bounds
+from nplm_repro.data.tokens import END_OF_PARAGRAPH, END_OF_TEXT, split_paragraphs
+from nplm_repro.data.vocabulary import UNK, check_vocab_from, word_counts
 from nplm_repro.errors import NplmError
 
 log = logging.getLogger(__name__)
@@ -395,10 +388,9 @@ def prepare_text(
         "vocab_from": vocab_from,
     }
     source = Path(path).name + (f" ({members}*)" if members else "")
-    vocabulary = partial(build_text_vocab, max_unk_freq=max_unk_freq, vocab_size=vocab_size)
-    corpus = make_corpus(TextCorpus, name, tokens, bounds, counted, vocabulary, vocab_from, source, settings)
-    kept = sum(map(is_punctuation, corpus.vocab))  # a count of the vocabulary, which the shared tail builds
-    corpus = replace(corpus, counts=corpus.counts | {"punctuation_types": kept})
+    vocab = build_text_vocab(word_counts(tokens, bounds, vocab_from), max_unk_freq, vocab_size)
+    counted["punctuation_types"] = sum(map(is_punctuation, vocab))
+    corpus = make_corpus(TextCorpus, name, tokens, bounds, counted, vocab, source, settings)
     log.info("%s", corpus.summary())
     return corpus
 

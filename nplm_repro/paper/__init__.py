@@ -6,6 +6,7 @@ Nothing here reads our runs: the report sets these facts beside them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from importlib import resources
 
@@ -36,7 +37,15 @@ FAMILY_NAMES = {  # the tables' names of the model families, in the order of Tab
 
 
 def paper_table(study: str) -> pd.DataFrame:
-    """The paper's table for `study` (a copy kept in this package), in the paper's order, with the row's family."""
+    """The paper's table for `study` (a copy kept in this package), in the paper's order, with the row's family.
+
+    The CSV is read once a process; each call returns its own copy, which the caller may change (add a column, say)."""
+    return _read_table(study).copy()
+
+
+@functools.cache
+def _read_table(study: str) -> pd.DataFrame:
+    """The table `paper_table` copies, read once: nobody changes this one."""
     with resources.files(__name__).joinpath(f"{study}.csv").open() as f:
         paper = pd.read_csv(f, dtype=str, keep_default_na=False)
     paper = paper.rename(columns={"name": "row", "model": "family"})

@@ -11,7 +11,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.data.brown import find_brown
-from nplm_repro.data.corpus import open_zip
+from nplm_repro.data.files import open_zip
 from nplm_repro.data.load import CORPORA
 from nplm_repro.data.splits import Sizes
 from nplm_repro.data.text import source_path

@@ -44,9 +44,10 @@ from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.keys import config_key, family_of, model_key, trained, trains
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
+from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
 from nplm_repro.tracking.served import log_model
-from nplm_repro.tracking.store import open_store, reach_store, redact
+from nplm_repro.tracking.store import open_store, reach_store
 
 log = logging.getLogger(__name__)
 

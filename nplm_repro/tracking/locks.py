@@ -29,28 +29,19 @@ STORE_LOCK_WAIT = 600.0  # seconds: opening a store takes seconds, so a holder t
 CANNOT_WRITE = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-def sqlite_file(uri: str) -> Path | None:
-    """The database file of an embedded SQLite store URI, else None."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri.removeprefix("sqlite:///").split("?")[0]
-    return Path(path) if path not in ("", ":memory:") else None
-
-
 @contextlib.contextmanager
-def store_lock(uri: str) -> Iterator[None]:
-    """Hold `<database>.lock` beside an embedded SQLite store while MLflow opens it. MLflow creates a new store's
-    tables (and migrates an old one) on first open, and two processes doing it at once both fail ("table
-    _alembic_tmp_tags already exists") and leave the store unusable; under this lock one creates, the others
-    find it made. Any other store is a server's or a database's, which serialises itself.
+def store_lock(path: Path) -> Iterator[None]:
+    """Hold `<path>.lock` beside `path`, an embedded SQLite store's database file, while MLflow opens it. MLflow
+    creates a new store's tables (and migrates an old one) on first open, and two processes doing it at once both
+    fail ("table _alembic_tmp_tags already exists") and leave the store unusable; under this lock one creates, the
+    others find it made. Any other store is a server's or a database's, which serialises itself: store.py's
+    `open_store` takes this lock for a SQLite file only.
 
     A lock still held after STORE_LOCK_WAIT, or one that cannot be taken, stops the command in one line saying
     why; only where the store's folder is read-only to us (CANNOT_WRITE) is the existing store opened without it."""
-    path = sqlite_file(uri)
-    lock = FileLock(f"{path}.lock") if path is not None else None
+    lock: FileLock | None = FileLock(f"{path}.lock")
     try:
-        if lock is not None:
-            lock.acquire(timeout=STORE_LOCK_WAIT)
+        lock.acquire(timeout=STORE_LOCK_WAIT)
     except Timeout:  # going on without it would open the race the lock is for
         raise NplmError(
             f"tracking store {path}: another process holds its lock {path}.lock (waited {STORE_LOCK_WAIT:.0f} s): "

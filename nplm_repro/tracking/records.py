@@ -36,7 +36,8 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.tracking.keys import KEY_VERSION, family_of, trained, without_unused
-from nplm_repro.tracking.store import redact, store_error
+from nplm_repro.tracking.redaction import redact
+from nplm_repro.tracking.store import store_error
 
 if TYPE_CHECKING:
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor

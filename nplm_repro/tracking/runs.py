@@ -24,8 +24,8 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, without_unused
-from nplm_repro.tracking.locks import sqlite_file
-from nplm_repro.tracking.store import check_store, redact, tracking_at
+from nplm_repro.tracking.redaction import redact
+from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
 
 # Runs from before the tag `family`: their class's name, wherever it lived then.
 FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}

@@ -39,8 +39,9 @@ from nplm_repro.models.lightning_module import LanguageModule
 from nplm_repro.scores import KEPT_SPLITS, Scores
 from nplm_repro.tracking.kept import artifacts, download, kept_scores
 from nplm_repro.tracking.keys import family_of
+from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.served import model_of
-from nplm_repro.tracking.store import redact, store_error, tracking_at
+from nplm_repro.tracking.store import store_error, tracking_at
 
 CHECKPOINT = "checkpoints/best.ckpt"  # where runs kept their weights before they logged a Model
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # what MLflow's stores name a run: uuid4().hex

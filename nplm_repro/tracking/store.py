@@ -1,5 +1,7 @@
-"""MLflow stores: which URI is a SQLite file, checking a store before any work, repairing an interrupted upgrade,
-experiments of the right kind, and URIs with their credentials masked wherever they are logged."""
+"""MLflow stores: which URI is a SQLite file, checking a store before any work, opening it (under locks.py's
+`store_lock`), repairing an interrupted upgrade, experiments of the right kind, a store's error in one line.
+
+A URI is masked in every message here by redaction.py's `redact`, the one home of redaction."""
 
 from __future__ import annotations
 
@@ -20,21 +22,21 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking.locks import sqlite_file, store_lock
+from nplm_repro.tracking.locks import store_lock
+from nplm_repro.tracking.redaction import redact
 
 log = logging.getLogger(__name__)
 
 # MLflow 3's kind of an experiment, GenAI or model training (custom_model_development): ours train models
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-# The userinfo of a URI (`postgresql://user:password@host`) and a password in its query: what `redact` masks
-USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
-QUERY_SECRET = re.compile(r"([?&](?:password|passwd|pwd|token|secret)=)[^&#\s]*", re.IGNORECASE)
 
 
-def redact(text: str) -> str:
-    """`text` with the credentials of every URI in it masked (`postgresql://***@host/db`), for anything a run, a log
-    or an error message records: a store's URI may carry its database password."""
-    return QUERY_SECRET.sub(r"\1***", USERINFO.sub(r"\1***@", text))
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of an embedded SQLite store URI, else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?")[0]
+    return Path(path) if path not in ("", ":memory:") else None
 
 
 def repair_interrupted_upgrade(path: Path) -> None:
@@ -175,7 +177,7 @@ def open_store(uri: str, create: bool = True, experiment: str | None = None) -> 
     path = sqlite_file(uri)
     if create or path is not None:
         try:
-            with store_lock(uri):
+            with store_lock(path) if path is not None else contextlib.nullcontext():  # a server serialises itself
                 if path is not None:
                     repair_interrupted_upgrade(path)
                 client = mlflow.MlflowClient(uri)

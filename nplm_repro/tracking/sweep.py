@@ -20,7 +20,7 @@ it resumed from earlier sweeps included (tag `resumed_in`).
 
 The report is written by the function `report_with` names (conf/config.yaml: `nplm_repro.report.write_study`, what
 `nplm-report` writes), looked up when the sweep ends: the config wires the command's writer in, so tracking imports
-neither the reporting code nor a command (tests/test_keys.py). It returns the files it wrote and the study's
+neither the reporting code nor a command (tests/test_layout.py). It returns the files it wrote and the study's
 headline numbers, which the parent run keeps as artifacts (`report/`) and metrics. Then, as `nplm-report --register`
 does after its report, a sweep whose jobs all ran registers its study's best trained model (tracking/registry.py)
 unless `tracking.register=false`; a run without weights is passed over there, never a failure. A report that cannot
@@ -61,8 +61,9 @@ from nplm_repro.tracking.finding import search
 from nplm_repro.tracking.ledger import end_orphans
 from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
+from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.registry import register_best
-from nplm_repro.tracking.store import check_store, ensure_experiment, redact
+from nplm_repro.tracking.store import check_store, ensure_experiment
 from nplm_repro.tracking.study_rows import BASIC_SWEEPER, declared_rows, expand, less_seed
 
 log = logging.getLogger(__name__)
