@@ -3,11 +3,15 @@ launcher, each a run under the search's MLflow parent run, each epoch's validati
 a trial the pruner stops scored like any run, the study kept in ./optuna.db so that the same command continues it,
 a trial left running by a stopped search resumed with its own number."""
 
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import mlflow
 import pytest
-from helpers import SLICE, run_script
+from helpers import SLICE, console_script, run_script
 from mlflow.tracking import MlflowClient
 
 optuna = pytest.importorskip("optuna", reason="the search needs the extra optuna: pip install -e '.[optuna]'")
@@ -95,3 +99,42 @@ def test_the_cpu_hours_stop_the_running_trials_and_start_no_more(brown_path: Pat
     found = trials(tmp_path)
     assert len(found) == 2 and all(t.state == optuna.trial.TrialState.COMPLETE for t in found)
     assert all(t.user_attrs["budget_epoch"] == 1 and list(t.intermediate_values) == [1] for t in found)
+
+
+def both_past_an_epoch(where: Path) -> bool:
+    if not (where / "optuna.db").exists():
+        return False
+    found = trials(where)
+    return len(found) == 2 and all(t.intermediate_values for t in found)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_search_at_once_leaving_its_trials_to_resume(brown_path: Path, tmp_path: Path) -> None:
+    """SIGTERM while two trials train stops the search within seconds, not when the trials end (the search waited
+    on its launches): exit 130, the trials' runs KILLED with their last checkpoints and the trials RUNNING, which the
+    same command launches again with their numbers (test_a_trial_left_running_...), resuming the runs."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [*TINY_MLP, *SLICE, f"data.path={brown_path}", f"tracking.uri={uri}", "hydra.sweeper.n_trials=2"]
+    long = ["trainer.max_epochs=200", "trainer.limit_train_batches=40", "callbacks.early_stopping.patience=1000"]
+    command = [console_script("nplm-train"), "hparams_search=paper_lr", *args, *long]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    with (tmp_path / "search.log").open("w") as log:
+        search = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 240
+            while not both_past_an_epoch(tmp_path):
+                assert search.poll() is None and time.monotonic() < deadline, (tmp_path / "search.log").read_text()
+                time.sleep(1)
+            sent = time.monotonic()
+            search.send_signal(signal.SIGTERM)
+            assert search.wait(timeout=60) == 130
+            assert time.monotonic() - sent < 60
+        finally:
+            search.kill()
+    assert [t.state for t in trials(tmp_path)] == [optuna.trial.TrialState.RUNNING] * 2
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["brown"])
+    jobs = runs[runs["tags.sweep"] != "true"]
+    assert len(jobs) == 2 and (jobs["status"] == "KILLED").all()
+    for _, run in jobs.iterrows():  # what the same command resumes them from (the ledger's find_resumable)
+        assert (Path(run["tags.checkpoint_dir"]) / "last.ckpt").is_file()

@@ -123,7 +123,9 @@ class LSTMModule(SequenceModule):
     def carry(self, state: list[State]) -> list[State]:
         return [(h.detach(), c.detach()) for h, c in state]
 
-    def reading(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool, seed: int) -> StreamBatches:
+    def batches(
+        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
+    ) -> StreamBatches:
         return stream_loader(corpus, split, batch_size, self.bptt, shuffle, seed, "bptt")
 
 

@@ -70,10 +70,6 @@ class SequenceModule(LanguageModule):
     def hidden(self, x: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
 
-    def reading(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool, seed: int) -> StreamBatches:
-        """`stream_loader` with the network's own length and kind."""
-        raise NotImplementedError
-
     @classmethod
     def build(cls, cfg: Any, corpus: Corpus) -> SequenceModule:
         architecture = {k: v for k, v in cfg.model.items() if k != "_target_"} | word_classes(cfg.model, corpus)
@@ -95,10 +91,7 @@ class SequenceModule(LanguageModule):
         # sampled: O tied to the input embedding gets dense gradients from both, so its rows' gradients are dense
         return Head(target, self.b, lambda sparse: [(rows, weight)], previous=previous, sparse=False)
 
-    # -- the interface callers ask (LanguageModule) --
-    def batches(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> Any:
-        return self.reading(corpus, split, batch_size, shuffle, seed)
-
+    # -- the interface callers ask (LanguageModule; `batches` is the network's: its stream_loader's length and kind) --
     def word_features(self) -> torch.Tensor:
         return self.embedding.weight.detach()
 

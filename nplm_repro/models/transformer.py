@@ -115,5 +115,7 @@ class TransformerModule(SequenceModule):
     def window(self, ids: list[int]) -> list[int]:
         return ids[-self.context :]
 
-    def reading(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool, seed: int) -> StreamBatches:
+    def batches(
+        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
+    ) -> StreamBatches:
         return stream_loader(corpus, split, batch_size, self.context, shuffle, seed, "windows")

@@ -4,23 +4,29 @@ on their validation perplexity epoch by epoch, each trial one tracked run.
 `Search` is the sweeper (Hydra finds it as hydra_plugins.nplm_repro_search.OptunaSearch, conf/hydra/sweeper/
 optuna.yaml): it keeps an Optuna study in `storage`, asks `sampler` for a trial, launches its job with the
 trial's values and the callback `Pruning` of that trial as overrides, and tells the study what the job returned
-(its exact validation perplexity, `nplm-train`'s return value). `n_jobs` trials run at once, each started as soon as a slot is free, so a
-pruned trial frees its core for the next one. No new trial starts once `n_trials` have ended or the ended and
-running trials have spent `cpu_hours` (each trial's training seconds times its torch threads).
+(its exact validation perplexity, `nplm-train`'s return value). `n_jobs` trials run at once, each started as soon
+as a slot is free, so a pruned trial frees its core for the next one. No new trial starts once `n_trials` have
+ended or the ended and running trials have spent `cpu_hours` (each trial's training seconds times its torch
+threads).
 
-`Pruning` is the job's side (`callbacks.pruning`, in the job's config and so in its run's key): after every validation it reports
-the epoch's perplexity to the trial and asks `pruner`; a trial to prune stops as early stopping stops a run, so
-it is scored and tracked like any run, with the metric `pruned_epoch`. The search resumes: the same command after a
-stop launches the trials it left running again, with the same numbers, so the ledger resumes their runs from their
+`Pruning` is the job's side (`callbacks.pruning`, in the job's config and so in its run's key): after every
+validation it reports the epoch's perplexity to the trial and asks `pruner`; a trial to prune stops as early
+stopping stops a run, so it is scored and tracked like any run, with the metric `pruned_epoch`. Ctrl-C or SIGTERM
+stops the search at once: its running trials' runs end KILLED. The search resumes: the same command after a stop
+launches the trials it left running again, with the same numbers, so the ledger resumes their runs from their
 last epoch, then asks for new ones until the budget is spent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -140,19 +146,37 @@ class Search(Sweeper):
         failed: list[str] = []
         with ThreadPoolExecutor(self.n_jobs) as pool:
             running: dict[Future[JobReturn], Any] = {}
-            while True:
-                while len(running) < self.n_jobs and (left or self._more(study, len(running))):
-                    trial = left.pop(0) if left else study.ask(distributions)
-                    running[pool.submit(self._launch, trial, fixed)] = trial
-                if not running:
-                    break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                if any(future.exception() for future in done):
-                    raise _first_error([*done, *wait(running).done])
-                for future in done:
-                    trial = running.pop(future)
-                    failed += self._tell(study, trial, future.result())
+            try:
+                while True:
+                    while len(running) < self.n_jobs and (left or self._more(study, len(running))):
+                        trial = left.pop(0) if left else study.ask(distributions)
+                        running[pool.submit(self._launch, trial, fixed)] = trial
+                    if not running:
+                        break
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    if any(future.exception() for future in done):
+                        raise _first_error([*done, *wait(running).done])
+                    for future in done:
+                        trial = running.pop(future)
+                        failed += self._tell(study, trial, future.result())
+            except KeyboardInterrupt:
+                self._stop(running)
+                raise
         self._summary(study, failed)
+
+    def _stop(self, running: dict[Future[JobReturn], Any]) -> None:
+        """Ctrl-C or SIGTERM reached the search, which waits on its launches while the launcher's workers train: pass
+        it on to the workers, whose jobs end their runs KILLED (resumable), so that the launches return and the
+        search stops now, not when its trials end. Their trials stay RUNNING: the same command launches them again
+        (`sweep`), and each run resumes from its last epoch."""
+        if not running:
+            return
+        numbers = ", ".join(str(trial.number) for trial in running.values())
+        log.warning("search %s stopped: trials %s end KILLED, resumed by the same command", self.study_name, numbers)
+        for pid in workers():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        wait(running)
 
     def _more(self, study: Any, running: int) -> bool:
         """Whether a new trial may start: fewer than n_trials ended or running, STARTS of the CPU hours left."""
@@ -248,6 +272,18 @@ class Pruning(Callback):
             trainer.logger.log_metrics({why: float(epoch)}, step=trainer.global_step)
         log.info("trial %d stopped after epoch %d (%s)", self.number, epoch, why)
         trainer.should_stop = True
+
+
+def workers() -> list[int]:
+    """The processes this one started (the parallel launcher's workers), read from /proc: the launcher's executor is
+    joblib's, private to its launches."""
+    me, found = str(os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+            if fields[1] == me:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def spent(trials: Sequence[Any]) -> float:
