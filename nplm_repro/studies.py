@@ -146,11 +146,19 @@ def _declared(text: str, where: str) -> tuple[str | None, dict[str, Any]]:
 @functools.cache
 def declaration(study: str) -> dict[str, Any]:
     """What sweeps/<study>.yaml (the config group `study`, installed with the package's configs) declares for its
-    report; DEFAULT for a study with no file (runs made with `study=NAME` on the command line alone)."""
-    found = resources.files("nplm_repro.conf").joinpath("study", f"{study}.yaml")
-    if not found.is_file():
-        return DEFAULT
-    return _declared(found.read_text(), f"sweeps/{study}.yaml")[1]
+    report, else the search whose `study` it is (conf/hparams_search/<name>.yaml: `nplm-report --study lstm_search`
+    rebuilds a search's report as its sweep wrote it); DEFAULT for a study with no file (runs made with `study=NAME`
+    on the command line alone)."""
+    configs = resources.files("nplm_repro.conf")
+    found = configs.joinpath("study", f"{study}.yaml")
+    if found.is_file():
+        return _declared(found.read_text(), f"sweeps/{study}.yaml")[1]
+    for search in sorted(configs.joinpath("hparams_search").iterdir(), key=lambda f: f.name):
+        if search.name.endswith(".yaml"):
+            name, spec = _declared(search.read_text(), f"conf/hparams_search/{search.name}")
+            if name == study:
+                return spec
+    return DEFAULT
 
 
 def study_file(path: Path) -> tuple[str, dict[str, Any]]:

@@ -230,3 +230,11 @@ def test_every_study_claims_only_rows_its_jobs_give(study: str) -> None:
 )
 def test_a_claims_label_names_its_row_less_the_knobs_that_tell_its_configurations_apart(label: str, name: str) -> None:
     assert row_name(label) == name
+
+
+@pytest.mark.parametrize("search", ["lstm", "transformer", "mlp"])
+def test_a_searchs_study_is_declared_by_its_search(search: str) -> None:
+    """`nplm-report --study lstm_search` rebuilds a search's report with what its search declares (the note `search`,
+    the columns), as the sweep wrote it at its end: the declaration is conf/hparams_search/<name>.yaml's."""
+    spec = declaration(f"{search}_search")
+    assert spec["notes"] == ["search"] and spec["columns"] == ["best_epoch", "improving"]
