@@ -284,7 +284,7 @@ def build(
         notes=notes.declared_notes(context),
         reproducibility=notes.reproducibility(table, runs, evidence, commits),
         history=curves,
-        timeline=timeline(uri, table, runs),
+        timeline=timeline(uri, table, runs) if "compute" in (spec.get("figures") or []) else {},  # its one reader
         require_clean=require_clean,
         left_out=found.left_out,
         recipe=findings,
