@@ -11,6 +11,7 @@ intervals come from scores made up for each row (helpers.evidence_of, seeded), a
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -388,3 +389,13 @@ def test_the_compute_figure_puts_every_trained_row_on_one_cpu_time_axis(
     assert set(report.timeline) == set(report.history)  # every trained row, no other
     (stem, figure), *_ = drawn.figures(report)
     assert stem == "brown_direct_compute" and not broken_rules(figure)
+    # a row whose epochs validated on a part of the split (optim=sampled's first quarter) says so in the legend
+    label = next(iter(report.timeline))
+    row = report.table["label"] == label
+    configs = report.table.loc[row, "config"].map(
+        lambda c: json.dumps({**json.loads(c), "trainer.limit_val_batches": "0.25"})
+    )
+    report.table.loc[row, "config"] = configs
+    (_, figure), *_ = drawn.figures(report)
+    legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert sum(text.endswith("(valid: first 25%)") for text in legend) == 1

@@ -8,6 +8,7 @@ brown_modern). figures.py draws them first, as HEADLINES names them.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -199,9 +200,14 @@ def compute_figure(report: Report) -> Figure | None:
     rows = {label: seeds for label, seeds in report.timeline.items() if seeds}
     if not rows:
         return None
+    part = validated_on(report)
+    names = [
+        name + (f" (valid: first {part[label]:.0%})" if label in part else "")
+        for label, name in zip(rows, fit_labels(list(rows), 40))
+    ]
     figure = new_figure(9, 4.5)
     ax = figure.add_subplot()
-    for i, (name, seeds) in enumerate(zip(fit_labels(list(rows), 40), rows.values())):
+    for i, (name, seeds) in enumerate(zip(names, rows.values())):
         colour = f"C{i % 10}"
         for j, (_, minutes, valid) in enumerate(seeds):
             ax.plot(minutes, valid, color=colour, linewidth=1.0, alpha=0.7, marker=".", label=name if j == 0 else None)
@@ -213,6 +219,17 @@ def compute_figure(report: Report) -> Figure | None:
     ax.grid(alpha=0.3)
     ax.legend(**LEGEND)
     return figure
+
+
+def validated_on(report: Report) -> dict[str, float]:
+    """The rows whose epochs validated on a part of the split (`trainer.limit_val_batches` < 1: optim=sampled's first
+    quarter), by label, and that part: their curves are not on the same measure as the others'."""
+    found = {}
+    for label, config in zip(report.table["label"], report.table.get("config", [])):
+        part = json.loads(config).get("trainer.limit_val_batches") if isinstance(config, str) else None
+        if part not in (None, "None") and float(part) < 1:
+            found[label] = float(part)
+    return found
 
 
 # The headline figures a study may declare (studies.yaml `figures`), by name: the name is also the file's stem,
