@@ -56,8 +56,6 @@ def _arguments() -> argparse.Namespace:
         args.run_id, args.words = (None, args.items) if args.row else (args.items[0], args.items[1:])
         if not args.words:
             raise NplmError("neighbours: name at least one word after the run")
-    if args.command == "generate" and args.run_id and args.seed is not None:  # --seed was the draws' seed
-        raise NplmError(f"--seed {args.seed} picks a seed's run of --row: the draws' seed is --draw-seed")
     check_run(args)
     if args.command == "generate" and args.words < 1:
         raise NplmError(f"--words {args.words}: must be at least 1")

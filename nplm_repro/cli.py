@@ -182,8 +182,13 @@ def check_run(args: argparse.Namespace) -> None:
     if args.row and not args.study:
         raise NplmError("--row needs --study: the study whose row it is")
     seed, given = (args.seed, "--seed") if old is None else (old, "--run-seed")
-    if seed is not None and not args.row:
-        raise NplmError(f"{given} {seed} picks a seed's run of --row: a run id names its run already")
+    if seed is not None and not args.row:  # nplm-ask generate's --seed was its draws' seed: say where that went
+        why = (
+            "the draws' seed is --draw-seed"
+            if old is None and hasattr(args, "draw_seed")
+            else "a run id names its run already"
+        )
+        raise NplmError(f"{given} {seed} picks a seed's run of --row: {why}")
     if old is not None:
         print(f"{os.path.basename(sys.argv[0])}: warning: {RUN_SEED_DEPRECATED}", file=sys.stderr)
         args.seed = old

@@ -123,6 +123,9 @@ class Family:
     @classmethod
     def tags(cls, cfg: Any) -> dict[str, str]:
         """What a run's tags say of its family, for reports, which never import a family."""
-        return {"family": cls.family, "family_kind": cls.kind(cfg), "family_label": cls.label} | {
-            "family_colour": cls.colour
+        return {
+            "family": cls.family,
+            "family_kind": cls.kind(cfg),
+            "family_label": cls.label,
+            "family_colour": cls.colour,
         }

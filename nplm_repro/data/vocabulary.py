@@ -1,4 +1,4 @@
-"""The third step of reading a corpus: the vocabulary, from word frequencies counted on the whole stream or on the
+"""The fourth step of reading a corpus: the vocabulary, from word frequencies counted on the whole stream or on the
 training split (`vocab_from`); every other word becomes `<unk>`. Brown's rule is here (`build_vocab`); a text
 corpus's, which keeps symbols and punctuation, is text.py's `build_text_vocab`.
 """

@@ -32,12 +32,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.family import Job, Recorded, Tokens
 from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.features import FEATURES, lsi_features
-from nplm_repro.models.language_module import (
-    DIVERGED,  # noqa: F401 (imported from this path)
-    LanguageModule,
-    class_count,  # noqa: F401 (imported from this path)
-    word_classes,
-)
+from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.outputs import Head
 from nplm_repro.models.sampled_loss import SparseSGD

@@ -78,18 +78,17 @@ def check_config(cfg: DictConfig) -> None:
 
 def check_sizes(cfg: DictConfig, sizes: Sizes) -> None:
     """The job's values against the sizes of its data, each checked once it is known (a size None is not yet): a
-    trained family's batch is drawn from the training split, then the family's own `check_sizes`, where it has one
-    (a family that needs nothing of the data defines none). `check_config` asks with the sizes the config gives, the
-    ledger again with those of the corpus read, before the store is opened (a text corpus's split sizes and every
-    corpus's words are known only then)."""
+    trained family's batch is drawn from the training split, then the family's own `check_sizes`
+    (nplm_repro/family.py). `check_config` asks with the sizes the config gives, the ledger again with those of the
+    corpus read, before the store is opened (a text corpus's split sizes and every corpus's words are known only
+    then)."""
     family = get_class(cfg.model._target_)
     if family.trained and sizes.train is not None and cfg.optim.batch_size > sizes.train:
         raise NplmError(
             f"optim.batch_size={cfg.optim.batch_size} is larger than the training split ({sizes.train_said()}): "
             "a batch is drawn from it"
         )
-    if (family_check := getattr(family, "check_sizes", None)) is not None:
-        family_check(cfg, sizes)
+    family.check_sizes(cfg, sizes)
 
 
 def check_corpus(data: DictConfig) -> None:

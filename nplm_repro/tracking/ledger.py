@@ -31,7 +31,7 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
-from nplm_repro.models.lightning_module import DIVERGED
+from nplm_repro.models.language_module import DIVERGED
 from nplm_repro.models.precision import choices, job_precision
 from nplm_repro.models.training import best_checkpoint
 from nplm_repro.progress import report_status

@@ -29,9 +29,9 @@ from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
 
 # Runs from before the tag `family`: their class's name, wherever it lived then.
 FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
-# Runs from before the tags `family_kind`, `family_label` and `family_colour` (a family's `tags`, nplm_repro/family.py): what
-# their family would have said (kind and colour; the label is the paper's name, FAMILY_NAMES); the n-grams were
-# counted, and an MLP with `model.mix` other than none was mixed.
+# Runs from before the tags `family_kind`, `family_label` and `family_colour` (a family's `tags`,
+# nplm_repro/family.py): what their family would have said (kind and colour; the label is the paper's name,
+# FAMILY_NAMES); the n-grams were counted, and an MLP with `model.mix` other than none was mixed.
 BEFORE_TAGS = {"mlp": ("trained", "C0")}
 COUNTED_BEFORE = ("counted", "C1")
 # Knobs a family gained after its first runs: the value those runs had without them.

@@ -35,7 +35,7 @@ from nplm_repro.data.load import load_corpus
 from nplm_repro.data.plain import read_context, read_text
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Family
-from nplm_repro.models.lightning_module import LanguageModule
+from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.scores import KEPT_SPLITS, Scores
 from nplm_repro.tracking.kept import artifacts, download, kept_scores
 from nplm_repro.tracking.keys import family_of
