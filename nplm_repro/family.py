@@ -9,7 +9,6 @@ A family is one class, the one a config's `model._target_` names. The commands, 
   weights: its seed changes nothing) or mixed (other runs' kept scores);
 - what its config must satisfy: `rules(cfg)` (each key's values), `check(cfg)` (the keys together) and
   `check_sizes(cfg, sizes)` (what its values need of the data);
-- `bases(cfg)`: the configs of the runs a row builds on (an MLP's mixed row: its MLP), found or trained first;
 - `fit_run`: fit a run (train, count or mix) and return its metrics and its kept scores of valid and test;
 - `score_run`: the ln P of any tokens (a split, a user's text) of a recorded run, rebuilt, by its own evaluation;
 - how it describes itself to reports: `tags(cfg)`.
@@ -52,9 +51,9 @@ class Job(Protocol):
         """The last checkpoint of this config's run a kill interrupted, which training continues; else None."""
         ...
 
-    def mix(self, names: list[str], mode: str, trigram: bool) -> tuple[dict[str, float], Scores]:
-        """The runs this row mixes (its components, or the MLP it mixes with the trigram), mixed by their kept scores
-        with weights fitted on validation (`mode`), the interpolated trigram as one more component if `trigram`."""
+    def mix(self, names: list[str], mode: str) -> tuple[dict[str, float], Scores]:
+        """The runs this row mixes (its components, `names`), mixed by their kept scores with weights fitted on
+        validation (`mode`)."""
         ...
 
 
@@ -68,8 +67,10 @@ class Recorded(Protocol):
         """A trained run's best weights."""
         ...
 
-    def mixed(self, tokens: Tokens, names: list[str], mode: str, trigram: bool) -> np.ndarray:
-        """ln P of `tokens` by the mixture the run recorded (`Job.mix`), its weights fitted again on validation."""
+    def mixed(self, tokens: Tokens, names: list[str], mode: str, trigram: bool = False) -> np.ndarray:
+        """ln P of `tokens` by the mixture the run recorded (`Job.mix`), its weights fitted again on validation; with
+        the interpolated trigram as one more component (fitted again, not a run) if `trigram`, as a mixed MLP row
+        stored before mixtures were rows of their own mixed it."""
         ...
 
     def memo(self, key: str, make: Callable[[], T]) -> T:
@@ -102,12 +103,6 @@ class Family:
     @classmethod
     def check_sizes(cls, cfg: Any, sizes: Any) -> None:
         """What its values need of the data (`data.splits.Sizes`, a size None while unknown): NplmError in one line."""
-
-    @classmethod
-    def bases(cls, cfg: Any) -> list[Any]:
-        """The configs of the runs a row of this config builds on, each found by its model_key, or trained first: an
-        MLP's mixed row builds on its MLP (a mixture's components are rows of its study, found by their names)."""
-        return []
 
     @classmethod
     def fit_run(cls, cfg: Any, corpus: Any, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:

@@ -57,7 +57,7 @@ def test_tracking_uri_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
         ("optim.recipe=magic", "optim.recipe"),
         ("data.vocab_from=test", "data.vocab_from"),
         ("optim.plateau_factor=1.5", "optim.plateau_factor"),
-        ("model.mix=half", "model.mix"),
+        ("experiment=mlp2 model.mode=half", "model.mode"),
         ("data.split.test=0", "data.split.test"),
         ("trainer.precision=16-mixed", "trainer.precision"),
         ("optim.lr=-1", "optim.lr"),
@@ -67,7 +67,7 @@ def test_tracking_uri_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -
 )
 def test_out_of_range_values_name_the_key(override: str, key: str) -> None:
     with pytest.raises(NplmError, match=rf"^{key}="):
-        check_config(composed(override))
+        check_config(composed(*override.split()))
 
 
 def test_no_limit_is_minus_one() -> None:
@@ -146,3 +146,9 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path
         started = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, text=True) for _ in range(2)]
         folders = {process.communicate(timeout=60)[0].strip() for process in started}
         assert len(folders) == 2, folders
+
+
+def test_an_mlp_with_a_mixture_says_where_mixtures_are_now() -> None:
+    """`model.mix` left the MLP's config: a mixed row is a mixture of rows; an old override is told so."""
+    with pytest.raises(NplmError, match=r"^model.mix: an MLP mixed with the interpolated trigram is a row of its own"):
+        check_config(composed("experiment=mlp3", "+model.mix=fixed"))

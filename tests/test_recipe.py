@@ -8,6 +8,8 @@ import lightning as L
 import pytest
 import torch
 from helpers import CONF, composed
+from mlflow.entities import Param
+from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 from test_sweeps import jobs_of
 
@@ -18,6 +20,7 @@ from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.schedules import schedules
 from nplm_repro.reporting.recipe import Recipe, step_of
 from nplm_repro.studies import declaration
+from nplm_repro.tracking.components import former_config, same_recipe
 from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.records import flat_params
@@ -34,7 +37,12 @@ def job(name: str, *overrides: str) -> DictConfig:
 
 
 def step(cfg: DictConfig) -> str | None:
-    """The report's step of a job, read from the params it would log (as MLflow keeps them: strings)."""
+    """The report's step of a job, read from the params it would log (as MLflow keeps them: strings); a mixture's,
+    from the params of the MLP it mixes, trained with its recipe (tracking/components.py `same_recipe`)."""
+    if "components" in cfg.model:
+        mlp = composed("experiment=mlp5", *FIXED)
+        OmegaConf.set_struct(mlp, False)
+        mlp.optim, cfg = cfg.optim, mlp
     params = {k: str(v) for k, v in flat_params(cfg).items() if k.startswith("optim.")}
     found = step_of(json.dumps(params), STEPS)
     return found.name if found else None
@@ -42,8 +50,9 @@ def step(cfg: DictConfig) -> str | None:
 
 def test_the_study_runs_the_paper_recipe_rows_and_the_steps_mixtures_last() -> None:
     jobs = [j[0].removeprefix("experiment=brown_recipe/") for j in jobs_of("brown_recipe")]
-    assert jobs == ["mlp5_paper", "mlp9_paper", *STEP_JOBS[1:], "mlp6_paper", "mlp10_paper"]
-    assert sorted(jobs) == sorted(p.stem for p in (CONF / "experiment" / "brown_recipe").glob("*.yaml"))
+    assert jobs == ["mlp5_paper", "mlp9_paper", *STEP_JOBS[1:], "experiment=del_int", "mlp6_paper", "mlp10_paper"]
+    files = [p.stem for p in (CONF / "experiment" / "brown_recipe").glob("*.yaml")]
+    assert sorted(j for j in jobs if "=" not in j) == sorted(files)
 
 
 def test_each_step_job_is_its_step_one_knob_after_the_other() -> None:
@@ -52,7 +61,7 @@ def test_each_step_job_is_its_step_one_knob_after_the_other() -> None:
     for name, expected in zip(STEP_JOBS, STEPS, strict=True):
         cfg = job(name)
         check_config(cfg)
-        assert (cfg.row, cfg.model.mix, cfg.optim.output) == ("MLP5", "none", "exact")
+        assert (cfg.row, cfg.model.get("mix", "none"), cfg.optim.output) == ("MLP5", "none", "exact")
         assert (cfg.trainer.max_epochs, cfg.callbacks.early_stopping.patience, cfg.study) == (200, 2, "brown_recipe")
         assert step(cfg) == expected.name
     for name, row in (("mlp9_paper", "MLP9"), ("mlp6_paper", "MLP6"), ("mlp10_paper", "MLP10")):
@@ -65,9 +74,21 @@ def test_each_step_job_is_its_step_one_knob_after_the_other() -> None:
 
 
 @pytest.mark.parametrize("mixed,trained", [("mlp6_paper", "mlp5_paper"), ("mlp10_paper", "mlp9_paper")])
-def test_a_mixed_row_mixes_the_paper_recipe_mlp_not_a_fast_one(mixed: str, trained: str) -> None:
-    assert model_key(job(mixed), FP) == model_key(job(trained), FP)
-    assert model_key(job(mixed), FP) != model_key(job(mixed, "optim=fast"), FP)
+def test_a_mixed_row_mixes_the_paper_recipe_mlp_not_a_fast_one(mixed: str, trained: str, tmp_path: Path) -> None:
+    """Its row's runs in the study are of every step: the component is the run trained with the mixture's recipe,
+    and its stored run (an MLP with model.mix, from before) holds that MLP's model."""
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.create_experiment("brown")
+    runs = {}
+    for name in (trained, "mlp5_fast", "mlp5_batch256"):
+        cfg = job(name)
+        run = client.create_run(experiment, tags={"config_key": config_key(cfg, FP)})
+        client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in flat_params(cfg).items()])
+        runs[name] = client.get_run(run.info.run_id)
+    chosen = same_recipe(list(runs.values()), job(mixed))
+    assert [r.info.run_id for r in chosen] == [runs[trained].info.run_id]
+    former = former_config(job(trained), "fixed", "brown_recipe")
+    assert model_key(former, FP) == model_key(job(trained), FP)
 
 
 def test_the_recipes_keep_their_keys_and_gain_no_key() -> None:

@@ -449,9 +449,9 @@ def test_a_read_only_cache_is_one_line_and_no_store(tiny_brown_path: Path, small
 
 @pytest.mark.slow
 def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_path: Path, tmp_path: Path) -> None:
-    """MLP4 mixes the kept scores of MLP3's finished run: scores.npz truncated, one line and exit 2; deleted with
-    its Model's best.ckpt gone too, one line and exit 2 (each mixed run FAILED); deleted with the checkpoint back, the MLP is
-    scored again from it, keeps its scores again, and the mixed row finishes."""
+    """MLP4 mixes the kept scores of MLP3's finished run (and Del. Int.'s): scores.npz truncated, one line and exit 2;
+    deleted with its Model's best.ckpt gone too, one line and exit 2 (each mixed run FAILED); deleted with the
+    checkpoint back, the MLP is scored again from it, keeps its scores again, and the mixed row finishes."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
     def train(*overrides: str) -> subprocess.CompletedProcess:
@@ -463,31 +463,39 @@ def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_pa
             timeout=300,
         )
 
+    def row(experiment: str) -> subprocess.CompletedProcess:
+        args = [NPLM_TRAIN, f"data.path={brown_path}", *SLICE, "seed=5", f"tracking.uri={uri}", experiment]
+        return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    def mix() -> subprocess.CompletedProcess:
+        return row("experiment=mlp4")
+
     assert train().returncode == 0
     (mlp,) = runs(uri)
+    assert row("experiment=del_int").returncode == 0
     artifacts = next(tmp_path.glob(f"mlruns/*/{mlp.info.run_id}/artifacts"))
     scores = artifacts / "scores.npz"
     checkpoint = next(tmp_path.glob("mlruns/*/models/*/artifacts/artifacts/best.ckpt"))  # the weights, in its Model
     scores.write_bytes(scores.read_bytes()[:1000])
-    truncated = train("model.mix=fixed")
+    truncated = mix()
     assert truncated.returncode == 2
     said = truncated.stderr.strip().splitlines()[-1]
     assert said.startswith(f"nplm-train: error: the kept scores of run {mlp.info.run_id} (scores.npz) are unreadable (")
     scores.unlink()
     data = checkpoint.read_bytes()
     checkpoint.unlink()
-    lost = train("model.mix=fixed")
+    lost = mix()
     assert lost.returncode == 2
     assert lost.stderr.strip().splitlines()[-1] == (
-        f"nplm-train: error: the MLP this row mixes (run {mlp.info.run_id}) kept no scores (scores.npz) and has no "
-        "weights (Model or checkpoints/best.ckpt) to score it again: train that MLP again (its row with rerun=true) so "
-        "that the mixture finds the new run"
+        f"nplm-train: error: run {mlp.info.run_id}, which this row mixes, kept no scores (scores.npz) and has no "
+        "weights (Model or checkpoints/best.ckpt) to score it again: train its row again (rerun=true) so that the "
+        "mixture finds the new run"
     )
-    assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED"]
-    checkpoint.write_bytes(data)
-    assert train("model.mix=fixed").returncode == 0
-    assert scores.is_file()
     assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED", "FINISHED"]
+    checkpoint.write_bytes(data)
+    assert mix().returncode == 0
+    assert scores.is_file()
+    assert sorted(r.info.status for r in runs(uri)) == ["FAILED", "FAILED", "FINISHED", "FINISHED", "FINISHED"]
 
 
 @pytest.fixture
@@ -636,24 +644,17 @@ def test_mlflow_tracking_uri_pointing_nowhere_is_one_line_before_any_work(
     )
 
 
-@pytest.mark.slow
-def test_kill_9_during_a_mixed_row_is_recovered_by_the_same_command(brown_path: Path, tmp_path: Path) -> None:
-    """A mixed row with no finished MLP trains that MLP first, as a run of its own; `kill -9` while it does leaves
-    that run RUNNING. The same command again finishes the MLP (resumed or anew), then the mixture; none RUNNING."""
+def test_a_mixed_row_before_its_rows_is_one_line_and_records_no_run(brown_path: Path, tmp_path: Path) -> None:
+    """MLP4 mixes the runs of MLP3's and Del. Int.'s rows: with neither run yet, one line naming the first, exit 2."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    mixed = command(brown_path, uri, "model.mix=fixed")
-    process = subprocess.Popen(mixed, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while process.poll() is None and not [r for r in runs_if_any(uri) if r.info.status == "RUNNING"]:
-        time.sleep(0.2)
-    process.kill()
-    process.wait()
-    assert [r.info.status for r in runs(uri)] == ["RUNNING"]
-    again = subprocess.run(mixed, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    statuses = sorted(r.info.status for r in runs(uri))
-    assert "RUNNING" not in statuses and statuses.count("FINISHED") == 2
-    mixture = next(r for r in runs(uri) if r.data.params.get("model.mix") == "fixed")
-    assert mixture.data.tags["base_run_id"] in {r.info.run_id for r in runs(uri) if r.info.status == "FINISHED"}
+    mixed = [NPLM_TRAIN, f"data.path={brown_path}", *SLICE, f"tracking.uri={uri}", "experiment=mlp4", "seed=5"]
+    result = subprocess.run(mixed, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "nplm-train: error: model.components: no finished run of row 'MLP3' with seed 5 in study (none) on this data: "
+        "run that row first (a mixed row comes after its rows)"
+    )
+    assert runs(uri) == []
 
 
 class ScriptedValidation(L.LightningModule):

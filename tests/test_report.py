@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from helpers import PAPER, SLICE, composed, evidence_of, run_script, slice_texts
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, Run
 from mlflow.tracking import MlflowClient
 
 from nplm_repro import paper as paper_facts
@@ -29,6 +29,7 @@ from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exact
 from nplm_repro.reporting.render import write
+from nplm_repro.reporting.search import search_note
 from nplm_repro.reporting.tables import Report, build, improving
 from nplm_repro.studies import declaration
 from nplm_repro.tracking import ledger
@@ -43,12 +44,16 @@ T0 = 1_700_000_000_000  # ms; `start` below counts seconds after it
 
 
 def runs_of(uri: str) -> dict[str, dict[str, float]]:
-    """Metrics of each run of experiment brown, by row tag and n (Kneser-Ney rows share a name), and study if any."""
+    """Metrics of each run of experiment brown, by row tag and n if it has one (Kneser-Ney rows share a name), and
+    study if not brown_table1."""
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("brown").experiment_id
-    runs = client.search_runs([experiment])
-    key = "{0.tags[row]} n={0.params[model.n]}".format
-    return {key(r.data) + (f" {r.data.tags['study']}" if "study" in r.data.tags else ""): r.data.metrics for r in runs}
+
+    def key(run: Run) -> str:
+        n, study = run.data.params.get("model.n"), run.data.tags.get("study", "brown_table1")
+        return run.data.tags["row"] + (f" n={n}" if n else "") + (f" {study}" if study != "brown_table1" else "")
+
+    return {key(r): r.data.metrics for r in client.search_runs([experiment])}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,8 @@ def store_in(directory: Path, empty_store: Path) -> str:
 
 @pytest.fixture(scope="module")
 def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Real rows on 28k tokens of Brown: Del. Int., Kneser-Ney n=3 and 4, 5 batches of MLP5, MLP6 mixing it.
+    """Real rows of brown_table1 on 28k tokens of Brown: Del. Int., Kneser-Ney n=3 and 4, 5 batches of MLP5, MLP6
+    mixing MLP5 and Del. Int.; brown_mixtures' MLP6 with a learned weight; brown_vocab's Kneser-Ney n=3.
     The slice's 13 texts (ca01..ca13) are unzipped into a folder, so each row reads those and not all 500."""
     workdir = tmp_path_factory.mktemp("real")
     uri = store_in(workdir, empty_store)
@@ -78,8 +84,9 @@ def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.Tem
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
         for row in ROWS:
-            ledger.run(composed(f"experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"))
-        learned = ["model.mix=learned", "study=brown_mixtures", "callbacks.model_checkpoint.dirpath=unused"]
+            checkpoints = f"callbacks.model_checkpoint.dirpath={workdir}/ckpt"
+            ledger.run(composed(f"experiment={row}", "study=brown_table1", *common, checkpoints))
+        learned = ["model.mode=learned", "study=brown_mixtures", checkpoints]
         ledger.run(composed("experiment=mlp6", *common, *learned))  # as sweeps/brown_mixtures runs it
         vocab = ["data.max_unk_freq=4", "study=brown_vocab", "callbacks.model_checkpoint.dirpath=unused"]
         ledger.run(composed("experiment=kn3", *common, *vocab))  # as sweeps/brown_vocab runs it
@@ -120,7 +127,7 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
         assert (finished[f"{split}_ppl"] < finished[f"{split}_high"]).all()
 
     ours = runs_of(uri)
-    shown = {"MLP5 n=5": 4, "MLP6 n=5": 5, "Del. Int. n=3": 10, "Kneser-Ney back-off n=3": 11}
+    shown = {"MLP5 n=5": 4, "MLP6": 5, "Del. Int. n=3": 10, "Kneser-Ney back-off n=3": 11}
     shown["Kneser-Ney back-off n=4"] = 12
     for key, i in shown.items():
         row = table.iloc[i]
@@ -143,8 +150,8 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     assert cells[1:8] == [f"MLP5{mark}", "5", "", "50", "30", "yes", "no"] and (cells[11], *cells[13:15]) == valid
     low, high = map(float, cells[12].split("-"))  # its 95% interval over texts, from the run's kept scores
     assert low < mlp5["valid_ppl"] < high
-    mixing = f"MLP5 over MLP6: test {mlp5['test_ppl']:.1f} against {ours['MLP6 n=5']['test_ppl']:.1f}, "
-    mixing += f"{mlp5['test_ppl'] / ours['MLP6 n=5']['test_ppl'] - 1:+.1%}, 95% interval ["
+    mixing = f"MLP5 over MLP6: test {mlp5['test_ppl']:.1f} against {ours['MLP6']['test_ppl']:.1f}, "
+    mixing += f"{mlp5['test_ppl'] / ours['MLP6']['test_ppl'] - 1:+.1%}, 95% interval ["
     assert mixing in md  # a paired interval from both runs' kept scores
     assert "## Missing (no run)\n\n- MLP1\n" in md
     kn3, kn3_v4 = ours["Kneser-Ney back-off n=3"], ours["Kneser-Ney back-off n=3 brown_vocab"]
@@ -155,11 +162,12 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     assert f"(data.max_unk_freq=4; fingerprint `{kn3_v4_fingerprint(uri)}`)" in md
     assert f"Kneser-Ney back-off n=3: valid {kn3['valid_ppl']:.1f} -> {kn3_v4['valid_ppl']:.1f}" in md
     (learned,) = MlflowClient(uri).search_runs(["1"], "tags.study = 'brown_mixtures'")
-    assert learned.data.tags["base_run_id"] == mlp5_run.info.run_id  # mixes MLP5's run, never retrains
-    mixtures = f"- MLP6 (MLP5 and the trigram): 0.5 each, test {ours['MLP6 n=5']['test_ppl']:.1f} (MLP5 alone "
+    (trigram,) = MlflowClient(uri).search_runs(["1"], "tags.row = 'Del. Int.'")
+    assert learned.data.tags["base_run_id"] == f"{mlp5_run.info.run_id},{trigram.info.run_id}"  # never retrains
+    mixtures = f"- MLP6 (MLP5 and the trigram): 0.5 each, test {ours['MLP6']['test_ppl']:.1f} (MLP5 alone "
     mixtures += f"{mlp5['test_ppl']:.1f}); one weight learned on validation, the MLP's "
     mixtures += (
-        f"{float(learned.data.params['mix.lambda']):.2f}, test {learned.data.metrics['test_ppl']:.1f} (1 seed)\n"
+        f"{float(learned.data.params['mix.lambda.MLP5']):.2f}, test {learned.data.metrics['test_ppl']:.1f} (1 seed)\n"
     )
     assert f"## The mixed rows with the paper's two other weightings (sweeps/brown_mixtures)\n\n{mixtures}" in md
     excluded = f"- MLP6 (n=5, h=50, m=30, direct=yes, mix=learned; run MLP6 mix=learned seed=3, {learned.info.run_id[:8]}, seed 3)"
@@ -189,6 +197,24 @@ def params_of(*overrides: str) -> dict[str, str]:
     return {k: str(v) for k, v in flat_params(cfg).items()}
 
 
+def stored(overrides: tuple[str, ...]) -> tuple[str, ...]:
+    """A mixed MLP row's overrides as a run stored before such rows were mixtures recorded it: MLP6 as the MLP of
+    mlp5 (brown_recipe/mlp6_paper: of brown_recipe/mlp5_paper) with model.mix=fixed (another weighting, `model.mix=learned`, after it); other rows' as they are. The
+    report reads such runs as it reads today's (tracking/runs.py `as_mixed_mlps`)."""
+    out: list[str] = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        mlp = re.fullmatch(r"(.*mlp)(\d+)(.*)", value) if key == "experiment" else None
+        if mlp and int(mlp[2]) % 2 == 0:  # experiment=mlp6, experiment=brown_recipe/mlp6_paper
+            unmixed = f"{mlp[1]}{int(mlp[2]) - 1}{mlp[3]}"
+            out += [f"experiment={unmixed}", "+model.mix=fixed", f"row=MLP{mlp[2]}"]
+        elif key == "model.mix":
+            out.append(f"model.mix={value}")
+        else:
+            out.append(override)
+    return tuple(out)
+
+
 def log_run(
     client: MlflowClient,
     experiment_id: str,
@@ -200,8 +226,9 @@ def log_run(
     fingerprint: str = FP_NEW,
     **tags: str,
 ) -> str:
-    """A run as nplm-train records it: params, data tags, the row tag, (train, valid, test) perplexities."""
-    params = params_of(*overrides)
+    """A run as nplm-train records it: params, data tags, the row tag, (train, valid, test) perplexities; a mixed MLP
+    row as it was stored before it was a mixture (`stored`)."""
+    params = params_of(*stored(overrides))
     data = {"data_fingerprint": fingerprint, "corpus": "brown", "vocab_size": "17907", "git_commit": "abc1234"}
     data |= {"train_tokens": "800000", "valid_tokens": "200000", "test_tokens": "177359"}
     row = {"row": params["row"]} if params["row"] != "None" else {}
@@ -969,3 +996,15 @@ def test_a_row_says_how_many_seeds_stopped_while_still_improving() -> None:
     """A seed whose last validation is its best stopped still improving (max_epochs, max_time, a search's budget)."""
     curves = {"LSTM": [("a", [300.0, 250.0, 240.0]), ("b", [300.0, 240.0, 245.0]), ("c", [])], "KN": []}
     assert improving(curves, "LSTM") == "1 of 2" and improving(curves, "KN") == "" and improving(curves, "x") == ""
+
+
+def test_a_search_report_counts_a_trial_that_recorded_no_run() -> None:
+    """Trial 1's job was refused before it recorded a run (model.h=0 without direct): its number is missing from
+    the store, and the note counts it, not '0 failed' over the trials it shows."""
+    config = json.dumps({"trainer.max_epochs": "20", "model.h": "50"})
+    trial = {"state": "finished", "start_time": 0, "config": config, "epochs": 3.0, "stopped_by": "pruned"}
+    trial |= {"fit_minutes": 6.0, "threads": 1.0, "cpu": "AMD EPYC", "valid_ppl": 300.0, "test_ppl": 280.0}
+    runs = pd.DataFrame([trial | {"trial": "0"}, trial | {"trial": "2", "valid_ppl": 290.0}])
+    lines = search_note(runs)
+    assert lines[0].startswith("Trials: 3 (2 pruned; 0 failed, 1 with no run, 0 running); 0.20 CPU hours")
+    assert lines[2].startswith("Trial 1: no run; the job ended before it recorded one")

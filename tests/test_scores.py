@@ -20,12 +20,12 @@ from nplm_repro.tracking.kept import kept_scores
 from nplm_repro.tracking.scoring import RunScorer
 
 TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
-ROWS = {"kn3": "Kneser-Ney back-off", "mlp5": "MLP5", "mlp6": "MLP6"}
+ROWS = {"kn3": "Kneser-Ney back-off", "mlp5": "MLP5", "del_int": "Del. Int.", "mlp6": "MLP6"}
 
 
 @pytest.fixture(scope="module")
 def store(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, str]]:
-    """kn3, MLP5 (two short epochs) and MLP6 mixing it, on 28k tokens of Brown (its texts ca01..ca13 in a folder);
+    """kn3, MLP5 (two short epochs), Del. Int. and MLP6 mixing the two, on 28k tokens of Brown (its texts ca01..ca13 in a folder);
     returns the folder, the store and each row's run id."""
     workdir = tmp_path_factory.mktemp("scores")
     uri = f"sqlite:///{workdir}/mlflow.db"
@@ -67,9 +67,9 @@ def test_a_mixed_row_reads_its_mlps_kept_scores_and_loads_no_checkpoint(
 ) -> None:
     _, uri, ids = store
     run = MlflowClient(uri).get_run(ids["mlp6"])
-    assert run.data.tags["base_run_id"] == ids["mlp5"]
+    assert run.data.tags["base_run_id"] == f"{ids['mlp5']},{ids['del_int']}"
     mlp = kept_scores(MlflowClient(uri), ids["mlp5"])
-    assert run.data.metrics["mlp_test_ppl"] == pytest.approx(mlp.splits["test"].perplexity(), rel=1e-12)
+    assert run.data.metrics["component_1_test_ppl"] == pytest.approx(mlp.splits["test"].perplexity(), rel=1e-12)
 
 
 @pytest.mark.parametrize("row", list(ROWS))
@@ -134,16 +134,21 @@ def test_log_attaches_kept_scores_to_a_run_made_before_runs_kept_them(
 
 
 def test_a_mixed_row_mixes_an_mlp_stopped_before_its_first_validation(brown_path: Path, tmp_path: Path) -> None:
-    """Such an MLP has no best.ckpt: it was scored with its last weights, and its kept scores are what it mixes."""
+    """Such an MLP has no best.ckpt: it was scored with its last weights, and its kept scores are what MLP2 mixes."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = [f"data.path={brown_path}", *SLICE, "model.h=16", "model.m=16", "trainer.max_steps=3"]
-    run_id, metrics = ledger.run(
-        composed("experiment=mlp2", *overrides, f"tracking.uri={uri}", f"callbacks.model_checkpoint.dirpath={tmp_path}")
-    )
+    common = [
+        f"data.path={brown_path}",
+        *SLICE,
+        f"tracking.uri={uri}",
+        f"callbacks.model_checkpoint.dirpath={tmp_path}",
+    ]
+    ledger.run(composed("experiment=mlp1", *common, "model.h=16", "model.m=16", "trainer.max_steps=3"))
+    ledger.run(composed("experiment=del_int", *common))
+    run_id, metrics = ledger.run(composed("experiment=mlp2", *common))
     client = MlflowClient(uri)
-    base = client.get_run(run_id).data.tags["base_run_id"]
+    base = client.get_run(run_id).data.tags["base_run_id"].split(",")[0]
     assert "checkpoints" not in {f.path for f in client.list_artifacts(base)}
-    assert metrics["mlp_test_ppl"] == pytest.approx(client.get_run(base).data.metrics["test_ppl"], rel=1e-6)
+    assert metrics["component_1_test_ppl"] == pytest.approx(client.get_run(base).data.metrics["test_ppl"], rel=1e-6)
 
 
 def test_bad_input_is_one_line_and_exit_2(

@@ -22,6 +22,7 @@ from nplm_repro.studies import (
     row_name,
     study_file,
 )
+from nplm_repro.tracking.components import former_config
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.study_rows import study_rows
 from nplm_repro.tracking.sweep import check_declaration
@@ -64,11 +65,8 @@ def test_a_study_composes_the_jobs_its_file_composed_as_a_primary_config(study: 
     [
         ("brown_table1", "experiment=mlp5", "dead57fef118506b", "8d570b9cfa835952"),
         ("brown_table1", "experiment=class_n3_c500", "b903774b82a2798f", None),
-        ("ap_table2", "experiment=ap_mlp10", "eb6690a28f4b4e8d", "978a1806a1c77b3a"),
         ("brown_vocab", "experiment=kn3", "26b2f55cc9cfc70d", None),
-        ("brown_mixtures", "experiment=mlp6 model.mix=learned", "bfab16c8d848c554", "8d570b9cfa835952"),
         ("brown_sampled", "optim=sampled experiment=mlp9", "b6eb830603d84695", "60269c778944f5e7"),
-        ("grid", "model.mix=fixed model.n=3 model.m=30 model.h=50 model.direct=false seed=2", "5cc8fd06c5341b68", None),
     ],
 )
 def test_a_studys_jobs_keep_the_keys_of_the_old_command(study: str, job: str, config: str, model: str | None) -> None:
@@ -77,6 +75,37 @@ def test_a_studys_jobs_keep_the_keys_of_the_old_command(study: str, job: str, co
     assert config_key(cfg, "0123456789abcdef") == config
     if model:
         assert model_key(cfg, "0123456789abcdef") == model
+
+
+@pytest.mark.parametrize(
+    "study,job,mlp,config,model",
+    [
+        (
+            "ap_table2",
+            "experiment=ap_mlp10",
+            "study=ap_table2 experiment=ap_mlp",
+            "eb6690a28f4b4e8d",
+            "978a1806a1c77b3a",
+        ),
+        (
+            "brown_mixtures",
+            "experiment=mlp6 model.mode=learned",
+            "study=brown_table1 experiment=mlp5",
+            "bfab16c8d848c554",
+            "8d570b9cfa835952",
+        ),
+    ],
+)
+def test_a_mixed_mlp_job_finds_its_stored_run_by_its_former_key(
+    study: str, job: str, mlp: str, config: str, model: str
+) -> None:
+    """A mixed MLP row (MLP10 of Table 2; brown_mixtures' MLP6 with a learned weight, which mixes brown_table1's
+    MLP5 and Del. Int.) finds its stored run, keyed before the group as an MLP with model.mix, by its former
+    config's key (tracking/components.py `former_config`)."""
+    fixed = ("trainer.precision=32-true", "data.path=brown.zip")
+    mixture = composed(f"study={study}", *job.split(), *fixed)
+    former = former_config(composed(*mlp.split(), *fixed), mixture.model.mode, mixture.study)
+    assert (config_key(former, "0123456789abcdef"), model_key(former, "0123456789abcdef")) == (config, model)
 
 
 def test_help_lists_the_studies_from_any_directory(tmp_path: Path) -> None:

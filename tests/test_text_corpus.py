@@ -342,13 +342,13 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
     treebank: Path, wsj: dict[str, TextCorpus], tmp_path: Path
 ) -> None:
     """The README's one command for Table 2 (`nplm-train -m study=ap_table2`) on the WSJ sample, narrowed to
-    MLP10 (a tiny MLP, then its mixture with the trigram) and Kneser-Ney n=3: the jobs land in experiment `ap` with
+    MLP10 (a tiny MLP, Del. Int., then their mixture) and Kneser-Ney n=3: the jobs land in experiment `ap` with
     what was counted, and the sweep ends by writing reports/ap_table2.* with our numbers, the paper's beside them,
     and the corpus it ran on named."""
     uri, out = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "out"
     command = ["-m", "study=ap_table2"]
     command += [f"data.path={treebank}", "data.members=treebank/raw/wsj_", "data.encoding=latin-1"]
-    command += ["experiment=ap_mlp10,kn3", "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
+    command += ["experiment=ap_mlp,del_int,kn3,ap_mlp10", "trainer.max_epochs=1", "trainer.limit_train_batches=5"]
     command += [f"tracking.uri={uri}", f"report={out}"]
     result = run_script("nplm-train", *command, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -356,7 +356,7 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
     runs = mlflow.search_runs(experiment_names=["ap"])
     assert (runs["status"] == "FINISHED").all() and (runs["tags.sweep"] == "true").sum() == 1
     jobs = runs[runs["tags.row"].notna()].set_index("tags.row")
-    assert sorted(jobs.index) == ["Kneser-Ney back-off", "MLP10"]
+    assert sorted(jobs.index) == ["Del. Int.", "Kneser-Ney back-off", "MLP n=6 h=60 m=100", "MLP10"]
     corpus = wsj["raw"]
     assert (jobs["tags.data_fingerprint"] == corpus.fingerprint).all() and (jobs["tags.corpus"] == "ap").all()
     assert (jobs["tags.data_source"] == "treebank.zip (treebank/raw/wsj_*)").all()
@@ -368,7 +368,7 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
     assert "our runs on corpus ap, read from treebank.zip (treebank/raw/wsj_*)" in md
     assert "the paper's numbers are on AP News 1995-96" in md
     header = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| row ")).split("|")]
-    paper = {"MLP10": (104, 109), "Kneser-Ney back-off": (121, 127)}  # Table 2, p. 1150
+    paper = {"MLP10": (104, 109), "Del. Int.": (126, 132), "Kneser-Ney back-off": (121, 127)}  # Table 2, p. 1150
     for row, (paper_valid, paper_test) in paper.items():
         line = next(
             line for line in md.splitlines() if re.match(rf"\| {row}( \(\+dirty\))? +\| +(6|3) \|", line)
@@ -381,7 +381,7 @@ def test_ap_table2_sweep_on_wsj_reports_our_rows_beside_the_papers(
             assert float(cells[at]) == round(ours[f"metrics.{split}_ppl"], 1) and cells[at + 2] == str(paper_ppl)
             assert low < ours[f"metrics.{split}_ppl"] < high
         assert 1 < ours["metrics.test_ppl"] < corpus.vocab_size
-    assert "## Missing (no run)\n\n- Del. Int.\n- Kneser-Ney back-off n=4\n- Kneser-Ney back-off n=5\n" in md
+    assert "## Missing (no run)\n\n- Kneser-Ney back-off n=4\n- Kneser-Ney back-off n=5\n" in md
 
 
 def test_an_empty_file_in_a_directory_corpus_is_read_as_an_empty_text(tmp_path: Path) -> None:

@@ -182,27 +182,29 @@ def test_ngram_rows_run_through_the_same_entry_point(
 
 
 @pytest.mark.slow
-def test_mixed_rows_reuse_the_trained_mlp(trained: tuple[Path, str], brown_path: Path) -> None:
-    """MLP4 = MLP3's model mixed with the trigram: no retraining; fixed 0.5, and EM-learned weights do no worse."""
+def test_mixed_rows_mix_the_mlps_run_and_the_trigrams(trained: tuple[Path, str], brown_path: Path) -> None:
+    """MLP4 = the runs of MLP3 and Del. Int. mixed: no retraining; fixed 0.5, and EM-learned weights do no worse."""
     workdir, uri = trained
-    for mix in ("fixed", "learned", "context"):
-        args = [f"data.path={brown_path}", *SMALL, "experiment=mlp4", f"model.mix={mix}", f"tracking.uri={uri}"]
-        result = run_script("nplm-train", *args, cwd=workdir)
+    data = [f"data.path={brown_path}", *SLICE, "seed=7", f"tracking.uri={uri}"]
+    assert run_script("nplm-train", *data, "experiment=del_int", cwd=workdir).returncode == 0
+    for mode in ("fixed", "learned", "context"):
+        result = run_script("nplm-train", *data, "experiment=mlp4", f"model.mode={mode}", cwd=workdir)
         assert result.returncode == 0, result.stderr[-3000:]
     mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["brown"]).set_index("params.model.mix")
-    assert sorted(runs.index) == ["context", "fixed", "learned", "none"]  # one MLP, trained once
-    base = runs.loc["none"]
-    for mix in ("fixed", "learned", "context"):
-        mixed = runs.loc[mix]
-        assert mixed["tags.row"] == "MLP4" and mixed["tags.base_run_id"] == base["run_id"]
-        assert mixed["metrics.mlp_valid_ppl"] == pytest.approx(base["metrics.valid_ppl"], rel=1e-9)
-        assert mixed["metrics.mlp_test_ppl"] == pytest.approx(base["metrics.test_ppl"], rel=1e-9)
-    assert runs.loc["fixed", "params.mix.lambda"] == "0.5"
-    valid = runs["metrics.valid_ppl"]
+    runs = mlflow.search_runs(experiment_names=["brown"])
+    base, trigram = (runs[runs["tags.row"] == row].iloc[0] for row in ("MLP3", "Del. Int."))
+    assert len(runs[runs["tags.row"] == "MLP3"]) == 1  # one MLP, trained once
+    mixed = runs[runs["tags.row"] == "MLP4"].set_index("params.model.mode")
+    assert sorted(mixed.index) == ["context", "fixed", "learned"]
+    for mode in mixed.index:
+        assert mixed.loc[mode, "tags.base_run_id"] == f"{base['run_id']},{trigram['run_id']}"
+        assert mixed.loc[mode, "metrics.component_1_valid_ppl"] == pytest.approx(base["metrics.valid_ppl"], rel=1e-9)
+        assert mixed.loc[mode, "metrics.component_2_test_ppl"] == pytest.approx(trigram["metrics.test_ppl"], rel=1e-6)
+    assert mixed.loc["fixed", "params.mix.lambda.MLP3"] == "0.5"
+    valid = mixed["metrics.valid_ppl"]
     # per-bin weights can only do better at the optimum; EM stops at a relative tolerance of 1e-6
     assert valid["context"] <= valid["learned"] * (1 + 1e-4)
-    assert valid["learned"] <= valid["fixed"] < valid["none"]
+    assert valid["learned"] <= valid["fixed"] < base["metrics.valid_ppl"]
 
 
 @pytest.mark.slow

@@ -6,8 +6,9 @@ arithmetic on the kept score of every validation and test token of each componen
 model is run. The weights: `fixed` (equal; the paper's tables mix an MLP and the trigram 0.5 each), `learned` (one
 per component, by EM on the validation split) or `context` (one set per context-frequency bin q_t of the
 interpolated trigram, by EM on validation, as the trigram combines its own parts). `Mixture` is the family of
-`model=mixture`, and the one engine of every mixed row: an MLP row's `model.mix` mixes it with the trigram through
-it (`fit_mixed` with `trigram=True`).
+`model=mixture`, the one engine of every mixed row: the paper's MLP2 ... MLP10 mix an MLP's row and Del. Int.'s.
+A mixed MLP row stored before those were rows of their own is scored again with the trigram fitted again as one
+more component (`fit_mixed` with `with_trigram`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class Mixture(Family):
     """`model=mixture`: finished rows of the same study mixed, P = sum_k lambda_k(q_t) P_k, by their kept scores.
 
     `components` names rows (their tag `row`: LSTM, MLP9, Del. Int.); the ledger finds each one's finished run of
-    this study, seed and data (tracking/components.py `component_runs`). `mode`: fixed, learned or context (the module's
-    docstring). Pure arithmetic on kept scores: no model is run.
+    this study (or of the study `from_study`), seed and data (tracking/components.py `component_runs`). `mode`:
+    fixed, learned or context (the module's docstring). Pure arithmetic on kept scores: no model is run.
     """
 
     family = "mixture"
@@ -64,22 +65,26 @@ class Mixture(Family):
             ),
             "a list of at least two different row names",
         )
-        return {"model.components": components, "model.mode": one_of(*MIX_MODES[1:])}
+        study: Rule = (
+            lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"\w+", v) is not None),
+            "a study's name (brown_table1), or null",
+        )
+        return {"model.components": components, "model.mode": one_of(*MIX_MODES[1:]), "model.from_study": study}
 
     @classmethod
     def check(cls, cfg: Any) -> None:
         """A row cannot mix itself (its components are found when it runs: a cycle through other rows is the sweep's
         to refuse, which sees every row, tracking/sweep.py)."""
-        if cfg.get("row") in cfg.model.components:
+        if cfg.get("row") in cfg.model.components and cfg.model.get("from_study") in (None, cfg.get("study")):
             raise NplmError(f"model.components names row {cfg.row!r}, the row itself: a mixture cannot mix itself")
 
     @classmethod
     def fit_run(cls, cfg: Any, corpus: Corpus, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:
-        return job.mix(list(cfg.model.components), cfg.model.mode, trigram=False)
+        return job.mix(list(cfg.model.components), cfg.model.mode)
 
     @classmethod
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
-        return run.mixed(tokens, list(run.cfg.model.components), run.cfg.model.mode, trigram=False)
+        return run.mixed(tokens, list(run.cfg.model.components), run.cfg.model.mode)
 
     def __init__(self, components: Sequence[str], mode: str) -> None:
         self.components, self.mode = list(components), mode
@@ -127,16 +132,8 @@ class Mixed:
         return self.mixture.probs(columns, bins)
 
     def describe(self) -> dict[str, object]:
-        """Its weights as MLflow params: each component's; an MLP mixed with the trigram says the MLP's lambda, per
-        context bin (those with validation tokens) in `context` mode, as the paper's mixed rows always have."""
-        if not self.with_trigram:
-            return self.mixture.describe()
-        info = {k: v for k, v in self.mixture.describe().items() if not k.startswith("lambda.")}
-        weights, fitted = self.mixture.weights, self.mixture.fit_result
-        if self.mixture.mode == "context" and fitted is not None:
-            bins = np.flatnonzero(fitted.tokens_per_bin)
-            return info | {f"lambda.q{q:02d}": round(float(weights[q, 0]), 4) for q in bins}
-        return info | {"lambda": round(float(weights[0, 0]), 4)}
+        """Its weights as MLflow params: each component's."""
+        return self.mixture.describe()
 
 
 def fit_mixed(
@@ -160,22 +157,20 @@ def fit_mixed(
 
 
 def mix_runs(
-    corpus: Corpus, logger: Logger, names: Sequence[str], mode: str, parts: list[Scores], with_trigram: bool
+    corpus: Corpus, logger: Logger, names: Sequence[str], mode: str, parts: list[Scores]
 ) -> tuple[dict[str, float], Scores]:
-    """Mix the runs `names` by their kept scores of valid and test (`parts`, in that order), and the trigram if
-    `with_trigram`; logs and returns the metrics (each component's perplexity beside the mixture's) and the mixed
-    row's own kept scores."""
+    """Mix the runs `names` by their kept scores of valid and test (`parts`, in that order); logs and returns the
+    metrics (each component's perplexity beside the mixture's) and the mixed row's own kept scores."""
     for name, scores in zip(names, parts):
         for split in KEPT_SPLITS:
             found = scores.splits[split].tokens if split in scores.splits else 0
             if found != corpus.size(split):
-                what = "the MLP this row mixes" if with_trigram else f"component {name}"
                 raise NplmError(
-                    f"the kept scores of {what} have {found:,} {split} tokens, the corpus {corpus.size(split):,}: "
-                    "they are of other data"
+                    f"the kept scores of component {name} have {found:,} {split} tokens, the corpus "
+                    f"{corpus.size(split):,}: they are of other data"
                 )
     probs = {s: np.column_stack([np.exp(p.splits[s].logprob.astype(np.float64)) for p in parts]) for s in KEPT_SPLITS}
-    mixed = fit_mixed(corpus, names, mode, probs["valid"], with_trigram)
+    mixed = fit_mixed(corpus, names, mode, probs["valid"], with_trigram=False)
     metrics: dict[str, float] = {}
     kept = {}
     for split, p in probs.items():
@@ -183,8 +178,8 @@ def mix_runs(
         mix = mixed.probs(p, rows)
         metrics[f"{split}_ppl"] = perplexity_of(mix)
         metrics[f"{split}_tokens"] = float(len(mix))
-        for k, name in enumerate(names):  # the paper's mixed rows name their one component the MLP
-            metrics[f"mlp_{split}_ppl" if with_trigram else f"component_{k + 1}_{split}_ppl"] = perplexity_of(p[:, k])
+        for k in range(len(names)):
+            metrics[f"component_{k + 1}_{split}_ppl"] = perplexity_of(p[:, k])
         kept[split] = np.log(mix)
     logger.log_hyperparams({f"mix.{k}": v for k, v in mixed.describe().items()})
     logger.log_metrics(metrics)

@@ -19,7 +19,6 @@ Model's `module`), and families outside the package import LanguageModule from i
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any
 
@@ -29,7 +28,7 @@ import torch
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
-from nplm_repro.family import Job, Recorded, Tokens
+from nplm_repro.family import Recorded, Tokens
 from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.language_module import LanguageModule, word_classes
@@ -38,8 +37,7 @@ from nplm_repro.models.outputs import Head
 from nplm_repro.models.sampled_loss import SparseSGD
 from nplm_repro.models.schedules import schedules
 from nplm_repro.models.training import ProgressBar  # noqa: F401 (stored runs' callbacks name it by this path)
-from nplm_repro.rules import MIX_MODES, Rule, at_least, flag, number, one_of, optional
-from nplm_repro.scores import Scores
+from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 OUTPUTS = ("standard", "energy", "classes")  # model.output: eq. (1)'s softmax, §5.1's energy network, §5.2's classes
 
@@ -51,27 +49,13 @@ class NPLMModule(LanguageModule):
 
     @classmethod
     def kind(cls, cfg: Any) -> str:
-        """A row with `model.mix` (the paper's mixed rows, MLP2 ...) mixes this MLP's run with the trigram."""
+        """trained; a run stored with `model.mix` (the paper's mixed rows before they were `model=mixture` rows of
+        their own: CHANGELOG.md) is mixed: its MLP and the interpolated trigram."""
         return "trained" if cfg.model.get("mix", "none") == "none" else "mixed"
 
     @classmethod
-    def bases(cls, cfg: Any) -> list[Any]:
-        """A mixed row's MLP: the same config without the mixture (and no row: its own row's run, if it has one)."""
-        if cls.kind(cfg) == "trained":
-            return []
-        unmixed = copy.deepcopy(cfg)
-        unmixed.model.mix, unmixed.row = "none", None
-        return [unmixed]
-
-    @classmethod
-    def fit_run(cls, cfg: Any, corpus: Corpus, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:
-        if cls.kind(cfg) == "mixed":
-            return job.mix([cls.label], cfg.model.mix, trigram=True)
-        return super().fit_run(cfg, corpus, logger, job)
-
-    @classmethod
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
-        if cls.kind(run.cfg) == "mixed":
+        if cls.kind(run.cfg) == "mixed":  # a stored mixed row: its MLP (tag base_run_id) and the trigram fitted again
             return run.mixed(tokens, [cls.label], run.cfg.model.mix, trigram=True)
         return super().score_run(run, tokens)
 
@@ -82,7 +66,6 @@ class NPLMModule(LanguageModule):
             "model.m": at_least(1),
             "model.h": at_least(0),
             "model.direct": flag(),
-            "model.mix": one_of(*MIX_MODES),
             "model.features": one_of(*FEATURES),
             "model.output": one_of(*OUTPUTS),
             "optim.recipe": one_of("paper", "fast"),
@@ -93,6 +76,11 @@ class NPLMModule(LanguageModule):
     @classmethod
     def check(cls, cfg: Any) -> None:
         super().check(cfg)
+        if cls.kind(cfg) == "mixed":
+            raise NplmError(
+                "model.mix: an MLP mixed with the interpolated trigram is a row of its own, model=mixture with "
+                "model.components=[<the MLP's row>,Del. Int.] and model.mode (conf/experiment/mlp2.yaml)"
+            )
         if cfg.model.h == 0 and not cfg.model.direct:
             raise NplmError(
                 "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"

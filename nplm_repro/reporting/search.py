@@ -60,9 +60,12 @@ def search_note(runs: pd.DataFrame) -> list[str]:
     counted = ", ".join(f"{endings[k]} {ENDINGS[k]}" for k in ENDINGS if k in endings)
     failed = int((trials["state"] == "failed").sum())
     running = int((trials["state"] == "running").sum())
+    # a trial whose job ended before it recorded a run (a configuration its family refuses): a gap in the numbers
+    unrecorded = sorted(set(range(int(trials["number"].max()))) - set(trials["number"]))
+    gaps = f", {len(unrecorded)} with no run" if unrecorded else ""
     cpus = sorted(set(trials["cpu"]) - {""})
     lines = [
-        f"Trials: {len(trials)} ({counted}; {failed} failed, {running} running); "
+        f"Trials: {len(trials) + len(unrecorded)} ({counted}; {failed} failed{gaps}, {running} running); "
         f"{cpu_hours(trials):.2f} CPU hours (training seconds x torch threads, summed over the trials that ended)"
         + (f" on {'; '.join(cpus)}" if cpus else "")
         + "."
@@ -75,6 +78,12 @@ def search_note(runs: pd.DataFrame) -> list[str]:
         lines.append(
             f"Best on validation: trial {best['number']}, valid {best['valid_ppl']:.1f} (test {best['test_ppl']:.1f}), "
             f"{epochs(best['epochs'])} ({ENDINGS[ending(best)]}): {chosen}."
+        )
+    if unrecorded:
+        lines.append(
+            f"Trial{'s' * (len(unrecorded) > 1)} {', '.join(map(str, unrecorded))}: no run; the job ended before it "
+            "recorded one (a configuration its family refuses, such as model.h=0 without model.direct; the search's "
+            "log says why), and the search counts it as a failed trial."
         )
     for _, trial in trials.iterrows():
         values = json.loads(trial["config"])

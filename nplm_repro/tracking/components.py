@@ -1,20 +1,24 @@
-"""The rows a mixture mixes (`model.components`): each one's finished run of the mixture's study, seed and data,
-waited for while its job in the same sweep still runs."""
+"""The rows a mixture mixes (`model.components`): each one's finished run of the mixture's study (or the study
+`model.from_study`), seed and data, waited for while its job in the same sweep still runs; and the key its row had
+when the paper's mixed rows were an MLP's `model.mix` (`former_key`)."""
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 
+import mlflow
 from mlflow.entities import Run
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.progress import report_status
 from nplm_repro.tracking.finding import search
-from nplm_repro.tracking.keys import BOOKKEEPING
-from nplm_repro.tracking.runs import TRAINED_GROUPS
+from nplm_repro.tracking.keys import BOOKKEEPING, config_key, without_unused
+from nplm_repro.tracking.locks import recording
+from nplm_repro.tracking.runs import FAMILIES, TRAINED_GROUPS
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +60,32 @@ def one_configuration(name: str, study: str, runs: list[Run]) -> None:
     )
 
 
+def being_recorded(run: Run) -> bool:
+    """A RUNNING run whose job is alive (it holds its config's lock), not one a kill left RUNNING."""
+    return run.info.status == "RUNNING" and recording(run.data.tags.get("config_key", run.info.run_id))
+
+
+def same_recipe(runs: list[Run], cfg: DictConfig) -> list[Run]:
+    """Of the runs of a row that several configurations share, those trained with this mixture's own recipe, its
+    optim group (brown_recipe's MLP6, with optim=paper, mixes the MLP5 trained with optim=paper, not its other
+    steps); all of them when they are one configuration, or none has that recipe."""
+    if len({r.data.tags.get("config_key", r.info.run_id) for r in runs}) < 2:
+        return runs
+    optim = without_unused({"optim": OmegaConf.to_container(cfg.optim, resolve=True)})["optim"]
+    recipe = {f"optim.{k}": str(v) for k, v in optim.items()}
+    same = [r for r in runs if all(r.data.params.get(k) == v for k, v in recipe.items())]
+    return same or runs
+
+
 def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
-    """The finished run of each row `cfg.model.components` names, in this study, on this data: the one with this
-    job's seed, or for a counted row (no weights: the seed changes nothing) any. A component whose run is still
-    RUNNING (its job in this sweep) is waited for; one with no run, or only failed ones, is an error naming it, and
-    so is a row name that several configurations share (`one_configuration`)."""
+    """The finished run of each row `cfg.model.components` names, in this study (or `model.from_study`), on this
+    data, of this mixture's recipe where the row has several (`same_recipe`): the newest with this job's seed, or
+    for a counted row (no weights: the seed changes nothing) any. A component whose newest run is still RUNNING (its
+    job in this sweep, or one training it again) is waited for; one with no run, or only failed ones, is an error
+    naming it, and so is a row name that several configurations share (`one_configuration`)."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
-    study = f"tags.study = '{cfg.study}'" if cfg.get("study") else "tags.study IS NULL"
+    of = cfg.model.get("from_study") or cfg.get("study")
+    study = f"tags.study = '{of}'" if of else "tags.study IS NULL"
     found = []
     for name in cfg.model.components:
         while True:
@@ -73,16 +96,16 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
             if not any(r.info.status == "FINISHED" for r in seeded) and any(seedless(r) for r in runs):
                 finished = [r for r in runs if r.info.status == "FINISHED" and seedless(r)]
                 seeded = [r for r in runs if r.data.params.get("seed") == (finished or runs)[0].data.params.get("seed")]
-            live = [r for r in seeded if r.info.status in ("FINISHED", "RUNNING")]
-            one_configuration(name, cfg.get("study") or "(none)", live)
+            live = same_recipe([r for r in seeded if r.info.status == "FINISHED" or being_recorded(r)], cfg)
+            one_configuration(name, of or "(none)", live)
             done = [r for r in live if r.info.status == "FINISHED"]
-            if done:
+            if done and live[0].info.status == "FINISHED":  # the newest: a run of its row training again is waited for
                 found.append(done[0])
                 break
             if not live:
                 why = (
                     f"model.components: no finished run of row {name!r} with seed {cfg.seed} in study "
-                    f"{cfg.get('study') or '(none)'} on this data"
+                    f"{of or '(none)'} on this data"
                 )
                 if any(r.info.status == "FAILED" for r in seeded):
                     raise ComponentFailed(f"{why}: its run failed, so this mixture fails with it")
@@ -91,3 +114,28 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
             log.info("component %s (seed %s) is still running: waiting for it", name, cfg.seed)
             time.sleep(WAIT_SECONDS)
     return found
+
+
+def former_config(mlp: DictConfig, mode: str, study: str | None) -> DictConfig:
+    """The config a mixed MLP row had as an MLP's own row: `mlp` (its MLP component's) with `model.mix` the
+    mixture's mode, in the mixture's study."""
+    former = mlp.copy()
+    with open_dict(former):
+        former.model.mix, former.study = mode, study
+    return former
+
+
+def former_key(cfg: DictConfig, components: list[Run], fingerprint: str) -> str | None:
+    """The config_key this row had when an MLP mixed with the interpolated trigram was the MLP's own row with
+    `model.mix` (the paper's MLP2 ... MLP10, and their other weightings; `former_config` of its MLP component's
+    run). A store made then holds its run under that key, which this job skips to. None for any other mixture."""
+    families = [
+        r.data.tags.get("family") or FAMILIES.get(r.data.params.get("model._target_", "").rsplit(".")[-1])
+        for r in components
+    ]
+    if families != ["mlp", "deleted_interpolation"]:
+        return None
+    client = mlflow.MlflowClient(cfg.tracking.uri)
+    with tempfile.TemporaryDirectory() as into:
+        mlp = OmegaConf.load(client.download_artifacts(components[0].info.run_id, "config.yaml", into))
+    return config_key(former_config(mlp, cfg.model.mode, cfg.get("study")), fingerprint)

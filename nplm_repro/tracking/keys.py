@@ -3,7 +3,9 @@
 Keys name a model by its family (`mlp`, `lstm`, `kneser_ney`, ...: the class's `family` attribute), never by where
 its class lives, so moving code retrains nothing. Inside the hash the four families of key version 1 are spelled as
 in FAMILY_IDS, their class paths then, frozen as plain names, so the runs already in users' stores keep matching
-(tests/test_keys.py pins them); a later family is spelled by its name. Runs carry the tag `key_version`.
+(tests/test_keys.py pins them); a later family is spelled by its name. Runs carry the tag `key_version`. Knobs a
+family lost are frozen the same way: the MLP's key still holds `mix: none` (FROZEN), the value every MLP run had
+when a mixed row was an MLP's `model.mix` (its mixture is now a row of its own: `former_key`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ FAMILY_IDS = {  # never imported: names only
     "kneser_ney": "nplm_repro.ngram.KneserNey",
     "class_based": "nplm_repro.class_ngram.ClassBackoff",
 }
+FROZEN = {"mlp": {"mix": "none"}}  # model keys a family lost, as key version 1 hashed them
 SAMPLING_KEYS = ("output", "samples", "proposal", "estimator")  # optim's, for optim.output=sampled only
 
 # Keys that record where or how a job ran, not what it computed: left out of `config_key`. The row name is
@@ -74,9 +77,10 @@ def trained(cfg: DictConfig) -> bool:
 
 def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
     """`tree` (a config as a dict) less the sampling keys of an exact run, which it did not use, less
-    `model.features` when it is `learned`, and less `model.output` when it is `standard` (with the class keys
-    unless it is `classes`): such a run is identified by what it was before sampled training, fixed features and
-    other output layers existed, so stored runs keep matching."""
+    `model.features` when it is `learned`, less `model.output` when it is `standard` (with the class keys
+    unless it is `classes`), and less a mixture's `model.from_study` when it is null (its own study): such a run is
+    identified by what it was before sampled training, fixed features, other output layers and mixtures of another
+    study's rows existed, so stored runs keep matching."""
     optim = tree.get("optim")
     if isinstance(optim, dict) and optim.get("output", "exact") == "exact":
         tree["optim"] = {k: v for k, v in optim.items() if k not in SAMPLING_KEYS}
@@ -85,14 +89,17 @@ def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
         unused = {"features"} if model.get("features") == "learned" else set()
         if model.get("output", "standard") != "classes":
             unused |= {"classes", "class_method"} | ({"output"} if model.get("output") == "standard" else set())
+        if "from_study" in model and model["from_study"] is None:
+            unused.add("from_study")
         tree["model"] = {k: v for k, v in model.items() if k not in unused}
     return tree
 
 
 def _named(model: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
-    """`model` (a config's model node) with its class path replaced by its family's frozen id."""
+    """`model` (a config's model node) with its class path replaced by its family's frozen id, and the keys it lost
+    at their frozen values (FROZEN)."""
     name = family(cfg)
-    return model | {"_target_": FAMILY_IDS.get(name, name)}
+    return FROZEN.get(name, {}) | model | {"_target_": FAMILY_IDS.get(name, name)}
 
 
 def model_key(cfg: DictConfig, fingerprint: str) -> str:

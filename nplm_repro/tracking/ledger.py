@@ -1,10 +1,11 @@
 """The run ledger: one job becomes one MLflow run, unless its config already ran (skip) or was killed (resume).
 
 `run` is a job: check, load the corpus, resolve the precision (`models.precision.job_precision`), then under the
-config's lock find a FINISHED run of its config_key (skip), or of its MLP's model_key in another study (`adopt` it
-into this one, untrained), or `record` one: resume the config's newest run from its
-last checkpoint if a kill interrupted it, mark orphaned RUNNING runs KILLED, fit or train, log. A mixed row finds
-(or first trains) its MLP's run by model_key (`base_run`). Every look-up is one `search` of the experiment's runs.
+config's lock find a FINISHED run of its config_key (skip; a mixture of an MLP and Del. Int. also of the key
+its row had before it was a mixture, `former_key`), or of its MLP's model_key in another study (`adopt` it into
+this one, untrained), or `record` one: resume the config's newest run from its last checkpoint if a kill
+interrupted it, mark orphaned RUNNING runs KILLED, fit or train, log. Every look-up is one `search` of the
+experiment's runs.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ from nplm_repro.models.precision import choices, job_precision
 from nplm_repro.models.training import best_checkpoint
 from nplm_repro.progress import report_status
 from nplm_repro.scores import ARTIFACT, Scores
-from nplm_repro.tracking.components import ComponentFailed, component_runs
+from nplm_repro.tracking.components import ComponentFailed, component_runs, former_key
 from nplm_repro.tracking.config_checks import check_sizes
 from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.finding import find_finished, search
 from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.keys import config_key, family_of, model_key, trained, trains
+from nplm_repro.tracking.keys import config_key, family_of, model_key, trains
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
 from nplm_repro.tracking.redaction import redact
@@ -86,16 +87,16 @@ def end_orphans(uri: str, experiment: str, config_key: str, keep: str | None = N
 
 
 def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
-    """The kept scores of the finished MLP run `base`: what its own evaluation scored, with its best weights or, for
-    a run stopped before its first validation, its last. A run made before runs kept scores is scored again from
+    """The kept scores of the finished run `base` (one a job adopts, or a component a mixture mixes): what its own
+    evaluation scored, with its best weights or, for a run stopped before its first validation, its last. A run made before runs kept scores is scored again from
     its checkpoint, and keeps them from then on (as `nplm-score --log` would)."""
     client = mlflow.MlflowClient(uri)
     scores = kept_scores(client, base)
     if scores is None:
         if not has_weights(client, base):
             raise NplmError(
-                f"the MLP this row mixes (run {base}) kept no scores ({ARTIFACT}) and has no weights (Model or {CHECKPOINT}) "
-                "to score it again: train that MLP again (its row with rerun=true) so that the mixture finds the new run"
+                f"run {base}, which this row mixes, kept no scores ({ARTIFACT}) and has no weights (Model or "
+                f"{CHECKPOINT}) to score it again: train its row again (rerun=true) so that the mixture finds the new run"
             )
         log.info("the MLP of run %s kept no scores: scoring it again from its checkpoint", base)
         scores = RunScorer(uri, base, corpus=corpus).kept()
@@ -103,29 +104,10 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
     return scores
 
 
-def base_run(base: DictConfig, corpus: Corpus, tags: dict[str, str]) -> str:
-    """The finished run of the config `base` a row builds on (a family's `bases`: the MLP a mixed row mixes), found
-    by its model_key; trained first, as a run of its own, if there is none.
-
-    Under the MLP's lock: if its own row's job is training it right now, this waits for that run.
-    """
-    key = model_key(base, corpus.fingerprint)
-    with mlp_lock(key):
-        found = find_finished(base.tracking.uri, base.tracking.experiment, model_key=key)
-        if found:
-            log.info("building on the run %s (model_key %s)", found, key)
-            return found
-        log.info("no finished run of this model (model_key %s) yet: training it first, as a run of its own", key)
-        base_key = config_key(base, corpus.fingerprint)
-        with config_lock(base_key):
-            return record(base, corpus, base_key, tags)[0]
-
-
 @dataclass
 class Recording:
     """What the ledger gives a family's `fit_run` (nplm_repro/family.py `Job`): the checkpoint it resumes from, and
-    the runs it builds on (`bases`: a mixture's components, or the MLP it mixes with the trigram), by their kept
-    scores."""
+    the runs a mixture mixes (`bases`: its components), by their kept scores."""
 
     cfg: DictConfig
     corpus: Corpus
@@ -136,9 +118,9 @@ class Recording:
     def resume_from(self) -> Path | None:
         return self.resume
 
-    def mix(self, names: list[str], mode: str, trigram: bool) -> tuple[dict[str, float], Scores]:
+    def mix(self, names: list[str], mode: str) -> tuple[dict[str, float], Scores]:
         parts = [base_scores(self.cfg.tracking.uri, base, self.corpus) for base in self.bases]
-        return mix_runs(self.corpus, self.logger, names, mode, parts, trigram)
+        return mix_runs(self.corpus, self.logger, names, mode, parts)
 
 
 def failed_run(cfg: DictConfig, corpus: Corpus, error: BaseException) -> None:
@@ -171,29 +153,30 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     except ComponentFailed as error:
         failed_run(cfg, corpus, error)
         raise
-    bases = None if components is None else [r.info.run_id for r in components]
+    bases = [r.info.run_id for r in components or []]
     parts = [r.data.tags.get("config_key", r.info.run_id) for r in components or []]  # part of the mixture's key
     # auto becomes a concrete precision before the config is keyed (the key says what computed): the one a run of
     # this config already resolved, else what this machine runs faster (`settle_precision`)
-    output = cfg.optim.output if trained(cfg) else None
+    own = trains(cfg)
+    output = cfg.optim.output if own else None
     variants = {}
     for precision in choices(cfg.trainer.precision, output):
         variants[precision] = cfg.copy()
         variants[precision].trainer.precision = precision
     keys = {p: config_key(v, corpus.fingerprint, parts) for p, v in variants.items()}
-    own = trains(cfg)
-    # the MLP's model_key (a mixed row's: the MLP it mixes)
-    mlps = {p: model_key(v, corpus.fingerprint) for p, v in variants.items()} if trained(cfg) else {}
+    mlps = {p: model_key(v, corpus.fingerprint) for p, v in variants.items()} if own else {}  # the trained model's
     with contextlib.ExitStack() as held:  # every key auto may take, in one order: two jobs never wait on each other
-        for mlp in sorted(set(mlps.values()) if own else ()):  # a mixed row's MLP is locked by `base_run`
+        for mlp in sorted(set(mlps.values())):
             held.enter_context(mlp_lock(mlp))
         for key in sorted(set(keys.values())):
             held.enter_context(config_lock(key))
         cfg.trainer.precision, precision_tags = settle_precision(cfg, keys, mlps, output)
-        key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision) if own else None
+        key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision)
         for other in set(keys.values()) - {key}:  # a run of this job under the precision it did not take
             end_orphans(uri, experiment, other)
+        former = former_key(cfg, components, corpus.fingerprint) if components and not cfg.rerun else None
         found = None if cfg.rerun else find_finished(uri, experiment, config_key=key)
+        found = found or (former and find_finished(uri, experiment, config_key=former))
         if found:
             return reuse(cfg, found)
         made = None if cfg.rerun or not mlp else find_finished(uri, experiment, model_key=mlp)
@@ -300,11 +283,11 @@ def own_dir(path: Path) -> Path:
 
 
 def record(
-    cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str], bases: list[str] | None = None
+    cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str], bases: list[str] = ()
 ) -> tuple[str, dict[str, float]]:
     """Fit the model as its family fits a run (`fit_run`: train, count or mix) and record it as one MLflow run
-    (tagged with its config_key and `tags`); a mixture of rows mixes the runs `bases` (`component_runs`, found
-    before its key, which holds their config_keys), a row its family builds on other configs (`bases`) mixes theirs.
+    (tagged with its config_key and `tags`); a mixture mixes the runs `bases` (`component_runs`, found before its
+    key, which holds their config_keys).
 
     The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
     out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
@@ -314,8 +297,6 @@ def record(
     """
     L.seed_everything(cfg.seed, workers=True)
     family, resume, tags = family_of(cfg), None, dict(tags)
-    if bases is None:  # the runs of other configs it builds on (an MLP's mixed row: the MLP), found or made first
-        bases = [base_run(base, corpus, tags) for base in family.bases(cfg)]
     if bases:
         tags["base_run_id"] = ",".join(bases)
     if trains(cfg):
@@ -329,7 +310,7 @@ def record(
     end_orphans(cfg.tracking.uri, cfg.tracking.experiment, key, keep=resume[0] if resume else None)
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
-        job = Recording(cfg, corpus, logger, bases, resume[1] if resume else None)
+        job = Recording(cfg, corpus, logger, list(bases), resume[1] if resume else None)
         metrics, scores = family.fit_run(cfg, corpus, logger, job)
         check_perplexities(metrics)
         log_scores(logger.experiment, logger.run_id, scores)

@@ -1,8 +1,8 @@
 """File locks that let any number of commands share a store and a cache.
 
 `store_lock`: held while MLflow opens (creates, migrates) an embedded SQLite store.
-`mlp_lock`: a mixed row (MLP2 ...) and the row of its MLP (MLP1 ...) may run at the same time; whichever
-comes second waits for the first to finish training instead of training the same MLP again.
+`mlp_lock`: two jobs of the same trained model (one model_key) in two studies may run at the same time; whichever
+comes second waits for the first to finish training, then adopts its run instead of training the same model again.
 `config_lock`: held by the job recording a run of a config_key, so a RUNNING run of that key found by the
 lock's holder has lost its process (kill -9, out of memory, a lost machine).
 """
@@ -87,6 +87,18 @@ def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
 def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
     """Hold the lock of the MLP with this model_key while training or looking for its finished run."""
     return _hold(f"mlp-{key}", f"training the MLP with model_key {key}")
+
+
+def recording(key: str) -> bool:
+    """Whether a live job holds the lock of this config_key, recording its run: a RUNNING run of it whose process is
+    gone (kill -9) is not being recorded."""
+    lock = FileLock(locks_dir() / f"run-{key}.lock")
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        return True
+    lock.release()
+    return False
 
 
 def config_lock(key: str, timeout: float = -1) -> contextlib.AbstractContextManager[None]:

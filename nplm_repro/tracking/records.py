@@ -251,11 +251,13 @@ RESUMED_IN = "resumed_in"
 
 
 def run_name(cfg: DictConfig) -> str:
-    """The paper's row (or the model's knobs) and the seed. MLflow's random names repeat under a fixed seed."""
+    """The paper's row (or the model's knobs) and the seed, and a mixture's weighting unless it is the tables' fixed
+    0.5 (MLP6 mix=learned). MLflow's random names repeat under a fixed seed."""
     knobs = {k: v for k, v in cfg.model.items() if k != "_target_"}
     what = cfg.get("row") or " ".join(f"{k}={v}" for k, v in knobs.items())
-    if cfg.get("row") and knobs.get("mix", "none") not in ("none", "fixed"):
-        what += f" mix={knobs['mix']}"
+    mode = knobs.get("mode", knobs.get("mix", "none"))
+    if cfg.get("row") and mode not in ("none", "fixed"):
+        what += f" mix={mode}"
     return f"{what} seed={cfg.seed}"
 
 

@@ -44,6 +44,7 @@ OTHER_GROUPS = ("data.", "model.")
 # it): it diverged, so it is shown among the failed runs and no table, claim or registry takes it
 DIVERGED_STATUS = "DIVERGED (a perplexity is not finite)"
 MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
+TRIGRAM = "Del. Int."  # the row the paper's mixed MLP rows mix their MLP with
 
 
 def dirty(runs: pd.DataFrame) -> pd.Series:
@@ -186,7 +187,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 **perplexities,
             }
         )
-    frame = pd.DataFrame.from_records(records)
+    frame = as_mixed_mlps(pd.DataFrame.from_records(records), raw)
     adopted = frame["adopted_from"] != "" if len(frame) else pd.Series(dtype=bool)
     if adopted.any():  # an adopted run took no time of its own: the wall time of the run that trained it
         source = dict(zip(frame["run_id"], frame["adopted_from"]))
@@ -200,6 +201,38 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
             return run_id
 
         frame.loc[adopted, "minutes"] = [minutes.get(trained_by(r), np.nan) for r in frame.loc[adopted, "run_id"]]
+    return frame
+
+
+def as_mixed_mlps(frame: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
+    """A mixture of one MLP's run and Del. Int.'s (the paper's MLP2 ... MLP10, `model=mixture`) as the paper's
+    tables show it, and as such a row was stored when it was an MLP's `model.mix`: an MLP row with the MLP's
+    columns and configuration, its mix the mixture's mode, `base_run_id` its MLP's run, `mix_lambda` the MLP's
+    weight (of one weight for all tokens: none per context bin)."""
+    if frame.empty:
+        return frame
+    runs = frame.set_index("run_id", drop=False)
+    params = raw.set_index("run_id")
+    shown = ["family", "family_label", "colour", "n", "c", "h", "m", "direct"]
+    for i in frame.index[frame["family"] == "mixture"]:
+        ids = frame.at[i, "base_run_id"].split(",")
+        if len(ids) != 2 or not set(ids) <= set(runs.index):
+            continue
+        mlp, trigram = runs.loc[ids[0]], runs.loc[ids[1]]
+        if (mlp["family"], trigram["family"], trigram["row_tag"]) != ("mlp", "deleted_interpolation", TRIGRAM):
+            continue
+        mode = _text(params.at[frame.at[i, "run_id"], "params.model.mode"])
+        weights = (
+            params.loc[frame.at[i, "run_id"]]
+            .filter(like="params.mix.lambda.")
+            .drop(f"params.mix.lambda.{TRIGRAM}", errors="ignore")
+        )
+        lambda_ = pd.to_numeric(weights.dropna().iloc[0], errors="coerce") if weights.notna().any() else np.nan
+        frame.loc[i, shown] = mlp[shown].to_numpy()
+        frame.at[i, "mix"] = MIX.get(mode, mode)
+        frame.at[i, "config"] = json.dumps(dict(sorted((json.loads(mlp["config"]) | {"model.mix": mode}).items())))
+        frame.at[i, "base_run_id"] = mlp["run_id"]
+        frame.at[i, "mix_lambda"] = np.nan if mode == "context" else lambda_
     return frame
 
 

@@ -254,7 +254,7 @@ class RunScorer:
             self._parts = [RunScorer(self.uri, run, corpus=self.corpus) for run in ids]
         return self._parts
 
-    def mixed(self, tokens: Tokens, names: list[str], mode: str, trigram: bool) -> np.ndarray:
+    def mixed(self, tokens: Tokens, names: list[str], mode: str, trigram: bool = False) -> np.ndarray:
         parts = self.parts()
         if len(parts) != len(names):
             raise NplmError(

@@ -31,7 +31,16 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.errors import NplmError, one_line
-from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
+from nplm_repro.paper import (
+    COLUMNS,
+    FAMILY_NAMES,
+    PAPER_MODEL,
+    PAPER_TABLES,
+    PAPER_TRIGRAM,
+    ROW_NAMES,
+    paper_table,
+    row_key,
+)
 from nplm_repro.tracking.runs import MIX
 
 log = logging.getLogger(__name__)
@@ -73,16 +82,33 @@ def columns(model: DictConfig) -> dict[str, str]:
     values = {column: model.get(column) for column in COLUMNS}
     found = {column: "" if value is None else str(value) for column, value in values.items()}
     found["direct"] = {True: "yes", False: "no"}.get(values["direct"], "")
-    found["mix"] = MIX.get(found["mix"], found["mix"])
+    found["mix"] = MIX.get(found["mix"] or "none", found["mix"])
     return found
+
+
+def mixed_mlp(model: DictConfig) -> dict[str, str] | None:
+    """The paper's columns of a mixture of a paper MLP row and Del. Int. (MLP6: MLP5's, mix yes), which a report
+    shows as that MLP mixed (tracking/runs.py `as_mixed_mlps`); None for any other mixture."""
+    components = list(model.get("components") or [])
+    if len(components) != 2 or components[1] != FAMILY_NAMES[PAPER_TRIGRAM]:
+        return None
+    mlps = {
+        r["row"]: r for table in PAPER_TABLES for _, r in paper_table(table).iterrows() if r["family"] == PAPER_MODEL
+    }
+    if components[0] not in mlps:
+        return None
+    mode = str(model.get("mode"))
+    return {column: str(mlps[components[0]][column]) for column in COLUMNS} | {"mix": MIX.get(mode, mode)}
 
 
 def row_names(job: DictConfig) -> frozenset[str] | None:
     """The names a composed job's row (Hydra's config included: its choice of `model` is its family) takes in a
     report; None when only its family's class knows it (an untagged row of a family the paper has not)."""
     family, row = job.hydra.runtime.choices.get("model"), job.get("row")
-    if family in FAMILY_NAMES:
-        return _paper_rows().get(row_key(family, columns(job.model))) or frozenset({FAMILY_NAMES[family]})
+    values = columns(job.model) if family in FAMILY_NAMES else mixed_mlp(job.model)
+    if values is not None:
+        family = family if family in FAMILY_NAMES else PAPER_MODEL
+        return _paper_rows().get(row_key(family, values)) or frozenset({FAMILY_NAMES[family]})
     return frozenset({ROW_NAMES.get(row, row)}) if row else None
 
 
