@@ -75,8 +75,8 @@ def postgres() -> Iterator[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path: Path, tmp_path: Path) -> None:
-    """A sweep (a tiny MLP3, its mixture MLP4, Kneser-Ney n=3) logs over HTTP, checkpoints go to the server's
-    artifact store and come back for the mixture, and `nplm-report` rebuilds the sweep's own report from it."""
+    """A sweep (a tiny MLP3, Del. Int., and MLP4 mixing the two) logs over HTTP, checkpoints go to the server's
+    artifact store, the mixture reads its rows' kept scores back from it, and `nplm-report` rebuilds the sweep's own report from it."""
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(postgres()) if backend == "postgresql" else f"sqlite:///{tmp_path}/server.db"
         (tmp_path / "artifacts").mkdir()
@@ -87,7 +87,7 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
             str(SWEEPS),
             "-cn",
             "brown_table1",
-            "experiment=mlp3,kn3,mlp4",
+            "experiment=mlp3,del_int,mlp4",
         ]
         sweep += [f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
         result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=900)
@@ -95,7 +95,7 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
         client = MlflowClient(uri)
         runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
         rows = sorted(r.data.tags.get("row", "parent") for r in runs)
-        assert rows == ["Kneser-Ney back-off", "MLP3", "MLP4", "parent"]
+        assert rows == ["Del. Int.", "MLP3", "MLP4", "parent"]
         assert all(r.info.status == "FINISHED" for r in runs)
         mlp3 = next(r for r in runs if r.data.tags.get("row") == "MLP3")
         assert model_of(client, mlp3.info.run_id) is not None
