@@ -1008,3 +1008,10 @@ def test_a_search_report_counts_a_trial_that_recorded_no_run() -> None:
     lines = search_note(runs)
     assert lines[0].startswith("Trials: 3 (2 pruned; 0 failed, 1 with no run, 0 running); 0.20 CPU hours")
     assert lines[2].startswith("Trial 1: no run; the job ended before it recorded one")
+
+
+def test_a_claim_names_a_row_the_table_lengthened_by_the_keys_that_tell_it_apart() -> None:
+    """A study whose MLPs differ in a knob labels them `MLP9 optim.lr=0.005`; a claim on `MLP9` is on that row."""
+    table = paper_as_ours()
+    longer = table.assign(label=[f"{n} optim.lr=0.005" if n.startswith("MLP") else n for n in table["label"]])
+    assert verdicts(longer) == verdicts(table) and NOT_MEASURED not in verdicts(table)

@@ -132,9 +132,12 @@ class Checker:
         return f"{head}, 95% interval over {count} [{pct(bounds[0])}, {pct(bounds[1])}]: {verdict}", verdict
 
     def _resolve(self, row: str | dict[str, list[str]], values: dict[str, tuple[float, float]]) -> str | None:
+        """The row a claim names, as the table labels it: a name the table lengthened by the keys that tell its
+        configurations apart (`MLP9` is `MLP9 optim.lr=0.005 ...` beside a searched MLP) is that one row."""
         if isinstance(row, dict):
             return self.numbers.best_on_valid(row["best_of"], values)
-        return row
+        longer = [label for label in values if label.startswith(f"{row} ")]
+        return longer[0] if row not in values and len(longer) == 1 else row
 
     def pair(self, pair: list[Any], kind: str, threshold: float) -> tuple[str, str | None]:
         """One pair: its line and its verdict (None when not measured)."""
