@@ -14,11 +14,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.errors import NplmError
+from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
 from nplm_repro.progress import report_status
 from nplm_repro.tracking.finding import search
 from nplm_repro.tracking.keys import BOOKKEEPING, config_key, without_unused
 from nplm_repro.tracking.locks import recording
-from nplm_repro.tracking.runs import FAMILIES, TRAINED_GROUPS
+from nplm_repro.tracking.runs import TRAINED_GROUPS, run_family
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +130,8 @@ def former_key(cfg: DictConfig, components: list[Run], fingerprint: str) -> str 
     """The config_key this row had when an MLP mixed with the interpolated trigram was the MLP's own row with
     `model.mix` (the paper's MLP2 ... MLP10, and their other weightings; `former_config` of its MLP component's
     run). A store made then holds its run under that key, which this job skips to. None for any other mixture."""
-    families = [
-        r.data.tags.get("family") or FAMILIES.get(r.data.params.get("model._target_", "").rsplit(".")[-1])
-        for r in components
-    ]
-    if families != ["mlp", "deleted_interpolation"]:
+    families = [run_family(r.data.tags.get("family"), r.data.params.get("model._target_")) for r in components]
+    if families != [PAPER_MODEL, PAPER_TRIGRAM]:
         return None
     client = mlflow.MlflowClient(cfg.tracking.uri)
     with tempfile.TemporaryDirectory() as into:

@@ -88,8 +88,9 @@ def end_orphans(uri: str, experiment: str, config_key: str, keep: str | None = N
 
 def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
     """The kept scores of the finished run `base` (one a job adopts, or a component a mixture mixes): what its own
-    evaluation scored, with its best weights or, for a run stopped before its first validation, its last. A run made before runs kept scores is scored again from
-    its checkpoint, and keeps them from then on (as `nplm-score --log` would)."""
+    evaluation scored, with its best weights or, for a run stopped before its first validation, its last. A run made
+    before runs kept scores is scored again from its checkpoint, and keeps them from then on (as `nplm-score --log`
+    would)."""
     client = mlflow.MlflowClient(uri)
     scores = kept_scores(client, base)
     if scores is None:
@@ -98,7 +99,7 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
                 f"run {base}, which this row mixes, kept no scores ({ARTIFACT}) and has no weights (Model or "
                 f"{CHECKPOINT}) to score it again: train its row again (rerun=true) so that the mixture finds the new run"
             )
-        log.info("the MLP of run %s kept no scores: scoring it again from its checkpoint", base)
+        log.info("run %s kept no scores: scoring it again from its checkpoint", base)
         scores = RunScorer(uri, base, corpus=corpus).kept()
         log_scores(client, base, scores)
     return scores

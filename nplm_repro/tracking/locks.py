@@ -84,6 +84,9 @@ def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
         lock.release()
 
 
+RUN_LOCK = "run-"  # a config_key's lock file: run-<key>.lock
+
+
 def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
     """Hold the lock of the MLP with this model_key while training or looking for its finished run."""
     return _hold(f"mlp-{key}", f"training the MLP with model_key {key}")
@@ -92,7 +95,7 @@ def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
 def recording(key: str) -> bool:
     """Whether a live job holds the lock of this config_key, recording its run: a RUNNING run of it whose process is
     gone (kill -9) is not being recorded."""
-    lock = FileLock(locks_dir() / f"run-{key}.lock")
+    lock = FileLock(locks_dir() / f"{RUN_LOCK}{key}.lock")
     try:
         lock.acquire(blocking=False)
     except Timeout:
@@ -103,4 +106,4 @@ def recording(key: str) -> bool:
 
 def config_lock(key: str, timeout: float = -1) -> contextlib.AbstractContextManager[None]:
     """Hold the lock of this config_key while looking for its runs and recording one."""
-    return _hold(f"run-{key}", f"recording a run of config_key {key}", timeout)
+    return _hold(f"{RUN_LOCK}{key}", f"recording a run of config_key {key}", timeout)

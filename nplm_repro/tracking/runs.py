@@ -22,7 +22,16 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
-from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_TABLES, ROW_NAMES, paper_table, row_key
+from nplm_repro.paper import (
+    COLUMNS,
+    FAMILY_NAMES,
+    PAPER_MODEL,
+    PAPER_TABLES,
+    PAPER_TRIGRAM,
+    ROW_NAMES,
+    paper_table,
+    row_key,
+)
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, without_unused
 from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
@@ -44,7 +53,6 @@ OTHER_GROUPS = ("data.", "model.")
 # it): it diverged, so it is shown among the failed runs and no table, claim or registry takes it
 DIVERGED_STATUS = "DIVERGED (a perplexity is not finite)"
 MIX = {"none": "no", "fixed": "yes"}  # the paper's mix column: weight 0.5 on each, or no mixture
-TRIGRAM = "Del. Int."  # the row the paper's mixed MLP rows mix their MLP with
 
 
 def dirty(runs: pd.DataFrame) -> pd.Series:
@@ -86,6 +94,11 @@ def read_runs(uri: str, experiment: str) -> pd.DataFrame:
     if runs.empty:
         raise NplmError(f"no runs to report: experiment {experiment!r} is empty")
     return runs
+
+
+def run_family(family_tag: str | None, target: str | None) -> str:
+    """A run's family: its tag `family`, else (a run from before that tag) its class's name, wherever it lived."""
+    return family_tag or FAMILIES.get((target or "").rsplit(".", 1)[-1], target or "")
 
 
 def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
@@ -132,7 +145,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
         ):
             continue
         target = _text(get("params.model._target_"))
-        family = _text(get("tags.family")) or FAMILIES.get(target.rsplit(".", 1)[-1], target)
+        family = run_family(_text(get("tags.family")), target)
         kind, label, colour = _kind(run, family)
         config = _config(run, family, kind)
         status = run["status"]
@@ -214,18 +227,19 @@ def as_mixed_mlps(frame: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
     runs = frame.set_index("run_id", drop=False)
     params = raw.set_index("run_id")
     shown = ["family", "family_label", "colour", "n", "c", "h", "m", "direct"]
+    trigram_row, known = FAMILY_NAMES[PAPER_TRIGRAM], set(frame["run_id"])
     for i in frame.index[frame["family"] == "mixture"]:
         ids = frame.at[i, "base_run_id"].split(",")
-        if len(ids) != 2 or not set(ids) <= set(runs.index):
+        if len(ids) != 2 or not known.issuperset(ids):
             continue
         mlp, trigram = runs.loc[ids[0]], runs.loc[ids[1]]
-        if (mlp["family"], trigram["family"], trigram["row_tag"]) != ("mlp", "deleted_interpolation", TRIGRAM):
+        if (mlp["family"], trigram["family"], trigram["row_tag"]) != (PAPER_MODEL, PAPER_TRIGRAM, trigram_row):
             continue
         mode = _text(params.at[frame.at[i, "run_id"], "params.model.mode"])
         weights = (
             params.loc[frame.at[i, "run_id"]]
             .filter(like="params.mix.lambda.")
-            .drop(f"params.mix.lambda.{TRIGRAM}", errors="ignore")
+            .drop(f"params.mix.lambda.{trigram_row}", errors="ignore")
         )
         lambda_ = pd.to_numeric(weights.dropna().iloc[0], errors="coerce") if weights.notna().any() else np.nan
         frame.loc[i, shown] = mlp[shown].to_numpy()

@@ -86,16 +86,20 @@ def columns(model: DictConfig) -> dict[str, str]:
     return found
 
 
+@functools.cache
+def _paper_mlps() -> dict[str, Any]:
+    """The paper's MLP rows (both tables) by name."""
+    return {
+        r["row"]: r for table in PAPER_TABLES for _, r in paper_table(table).iterrows() if r["family"] == PAPER_MODEL
+    }
+
+
 def mixed_mlp(model: DictConfig) -> dict[str, str] | None:
     """The paper's columns of a mixture of a paper MLP row and Del. Int. (MLP6: MLP5's, mix yes), which a report
     shows as that MLP mixed (tracking/runs.py `as_mixed_mlps`); None for any other mixture."""
     components = list(model.get("components") or [])
-    if len(components) != 2 or components[1] != FAMILY_NAMES[PAPER_TRIGRAM]:
-        return None
-    mlps = {
-        r["row"]: r for table in PAPER_TABLES for _, r in paper_table(table).iterrows() if r["family"] == PAPER_MODEL
-    }
-    if components[0] not in mlps:
+    mlps = _paper_mlps()
+    if len(components) != 2 or components[1] != FAMILY_NAMES[PAPER_TRIGRAM] or components[0] not in mlps:
         return None
     mode = str(model.get("mode"))
     return {column: str(mlps[components[0]][column]) for column in COLUMNS} | {"mix": MIX.get(mode, mode)}
