@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 from test_report import log_run, recipe_job
 
@@ -399,3 +400,24 @@ def test_the_compute_figure_puts_every_trained_row_on_one_cpu_time_axis(
     (_, figure), *_ = drawn.figures(report)
     legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
     assert sum(text.endswith("(valid: first 25%)") for text in legend) == 1
+
+
+def test_an_adopted_runs_epochs_are_timed_from_the_start_of_the_run_that_trained_it(tmp_path: Path) -> None:
+    """A run from before `fit_seconds_epoch` is timed by the wall clock from its start. Adopted by another study, its
+    copy starts when it is adopted, after the epochs it copies: its points stay the trained run's, not negative."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(tmp_path / "mlruns"))
+    trained = log_run(client, brown, ("experiment=mlp5",), 0, ppl=(180, 266, 246), study="brown_table1")
+    start = client.get_run(trained).info.start_time
+    curve = [Metric("valid_ppl_epoch", v, start + 60_000 * (step + 1), step) for step, v in enumerate((300, 280, 270))]
+    client.log_batch(trained, metrics=curve)
+    later = 3600 * 24  # a day later, in seconds
+    adopted = log_run(
+        client, brown, ("experiment=mlp5",), later, ppl=(180, 266, 246), study="brown_direct", adopted_from=trained
+    )
+    client.log_batch(adopted, metrics=curve)  # adopt() copies the history as it was logged
+    report = build(uri, "brown", "brown_direct", spec={**declaration("brown_direct"), "figures": ["compute"]})
+    ((run_id, minutes, valid),) = [seed for seeds in report.timeline.values() for seed in seeds]
+    assert run_id == adopted and valid == [300, 280, 270]
+    assert minutes == pytest.approx([1.0, 2.0, 3.0])  # from the trained run's start, one torch thread

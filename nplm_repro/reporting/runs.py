@@ -12,6 +12,7 @@ import json
 import mlflow
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
 
 from nplm_repro.paper import COLUMNS
 from nplm_repro.tracking.best import trained_rows
@@ -55,10 +56,12 @@ Timeline = dict[str, list[tuple[str, list[float], list[float]]]]
 def timeline(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
     """Per trained row shown, per seed: (run id, CPU minutes, validation perplexity) at each validation. CPU minutes
     are the fit's seconds at that validation (`fit_seconds_epoch`, across resumes) times the run's torch threads; a
-    run from before that metric counts the wall clock from its start (right for a run never resumed)."""
+    run from before that metric counts the wall clock from the start of the run that trained it (right for a run
+    never resumed): an adopted run started when it was adopted, after its copied history was logged."""
     client = mlflow.MlflowClient(uri)
     threads = dict(zip(runs["run_id"], runs["threads"].fillna(1)))
-    starts = dict(zip(runs["run_id"], runs["start_time"]))
+    starts = {r: pd.Timestamp(t).timestamp() * 1000 for r, t in zip(runs["run_id"], runs["start_time"]) if pd.notna(t)}
+    sources = {r: s for r, s in zip(runs["run_id"], runs["adopted_from"]) if s}
     found: Timeline = {}
     for row in trained_rows(table).itertuples():
         for run_id in row.run_ids.split():
@@ -66,7 +69,7 @@ def timeline(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
             seconds = {m.step: m.value for m in client.get_metric_history(run_id, "fit_seconds_epoch")}
             if not valid:
                 continue
-            start = pd.Timestamp(starts[run_id]).timestamp() * 1000 if run_id in starts else None
+            start = _trained_start(client, sources[run_id]) if run_id in sources else starts.get(run_id)
             points = [
                 (seconds[step] if step in seconds else (m.timestamp - start) / 1000, m.value)
                 for step, m in sorted(valid.items())
@@ -75,6 +78,14 @@ def timeline(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
             minutes = [t * threads.get(run_id, 1) / 60 for t, _ in points]
             found.setdefault(row.label, []).append((run_id, minutes, [v for _, v in points]))
     return found
+
+
+def _trained_start(client: mlflow.MlflowClient, source: str) -> float | None:
+    """When the run that trained an adopted run started (ms), None if that run is gone from the store."""
+    try:
+        return client.get_run(source).info.start_time
+    except MlflowException:
+        return None
 
 
 def training_speeds(uri: str, table: pd.DataFrame, seeds: dict[str, str]) -> dict[str, dict[str, float]]:
