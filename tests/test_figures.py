@@ -25,7 +25,7 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
-from test_report import log_run, recipe_job
+from test_report import T0, log_run, recipe_job
 
 from nplm_repro.paper import COLUMNS
 from nplm_repro.reporting import figures as drawn
@@ -421,3 +421,24 @@ def test_an_adopted_runs_epochs_are_timed_from_the_start_of_the_run_that_trained
     ((run_id, minutes, valid),) = [seed for seeds in report.timeline.values() for seed in seeds]
     assert run_id == adopted and valid == [300, 280, 270]
     assert minutes == pytest.approx([1.0, 2.0, 3.0])  # from the trained run's start, one torch thread
+
+
+def test_a_run_of_earlier_code_is_timed_by_the_seconds_it_logged_one_step_after_each_validation(
+    tmp_path: Path,
+) -> None:
+    """Earlier code logged `fit_seconds_epoch` at `global_step`, one step after Lightning's step for the validation
+    it goes with: such a run (resumed, so its wall clock would count the time it was down) is read there."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(tmp_path / "mlruns"))
+    run_id = log_run(client, brown, ("experiment=mlp5",), 0, ppl=(180, 266, 246), study="brown_direct")
+    down = 3600 * 1000  # an hour between its second and third validation
+    valid = [
+        Metric("valid_ppl_epoch", v, T0 + 60_000 * (i + 1) + down * (i == 2), 10 * i + 9)
+        for i, v in enumerate((300, 280, 270))
+    ]
+    seconds = [Metric("fit_seconds_epoch", 60.0 * (i + 1), m.timestamp, m.step + 1) for i, m in enumerate(valid)]
+    client.log_batch(run_id, metrics=valid + seconds)
+    report = build(uri, "brown", "brown_direct", spec={**declaration("brown_direct"), "figures": ["compute"]})
+    ((_, minutes, ppl),) = [seed for seeds in report.timeline.values() for seed in seeds]
+    assert ppl == [300, 280, 270] and minutes == pytest.approx([1.0, 2.0, 3.0])

@@ -49,6 +49,16 @@ def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pyte
     return uri, run_id
 
 
+def test_each_validation_logs_the_fits_seconds_at_its_own_step(row: tuple[str, str]) -> None:
+    """The compute figure pairs each validation perplexity with the fit's seconds logged at the same step."""
+    uri, run_id = row
+    client = mlflow.MlflowClient(uri)
+    valid, seconds = (
+        [m.step for m in client.get_metric_history(run_id, k)] for k in ("valid_ppl_epoch", "fit_seconds_epoch")
+    )
+    assert valid == seconds and len(valid) == 1
+
+
 @pytest.mark.slow  # two trainings and a fresh Python process: about 30 s
 def test_its_test_perplexity_is_scored_again_to_a_millionth(row: tuple[str, str]) -> None:
     uri, run_id = row

@@ -66,13 +66,14 @@ class EpochStatus(Callback):
 
 class FitClock(Callback):
     """The seconds in fit (training and validation, across resumes: the Timer's) at each validation, logged as
-    `fit_seconds_epoch` at that validation's step: the report's validation perplexity against CPU time."""
+    `fit_seconds_epoch` beside `valid_ppl_epoch`, through the same `log` and so at the same step (Lightning logs an
+    epoch's metrics one step before `global_step`): the report's validation perplexity against CPU time."""
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        if trainer.sanity_checking or trainer.logger is None or timer is None:
+        if trainer.sanity_checking or timer is None:
             return
-        trainer.logger.log_metrics({"fit_seconds_epoch": timer.time_elapsed("train")}, step=trainer.global_step)
+        pl_module.log("fit_seconds_epoch", timer.time_elapsed("train"))
 
 
 class KeptScores(Callback):
