@@ -66,12 +66,12 @@ def timeline(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
     for row in trained_rows(table).itertuples():
         for run_id in row.run_ids.split():
             valid = {m.step: m for m in client.get_metric_history(run_id, "valid_ppl_epoch")}
+            if not valid:
+                continue
             # earlier code logged it one step after its validation (global_step, not Lightning's epoch step)
             seconds = {m.step: m.value for m in client.get_metric_history(run_id, "fit_seconds_epoch")}
             if seconds and not seconds.keys() & valid.keys():
                 seconds = {step - 1: value for step, value in seconds.items()}
-            if not valid:
-                continue
             start = _trained_start(client, sources[run_id]) if run_id in sources else starts.get(run_id)
             points = [
                 (seconds[step] if step in seconds else (m.timestamp - start) / 1000, m.value)
