@@ -4,6 +4,7 @@ and how an interrupt looks."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -15,9 +16,14 @@ class NplmError(Exception):
 
 
 def interrupted(error: BaseException | None) -> bool:
-    """Ctrl-C or SIGTERM, also when Lightning turned it into SystemExit after its graceful shutdown."""
+    """Ctrl-C or SIGTERM, also when Lightning turned it into SystemExit after its graceful shutdown, and a SIGTERM that
+    Lightning's own handler alone saw: its SIGTERMException at the next batch's end, when the KeyboardInterrupt of
+    `sigterm_interrupts` was lost (raised inside a finalizer, which Python reports and ignores). That one is a
+    SystemExit with no code, which would end the command with 0 and its run FAILED."""
+    lightning = sys.modules.get("lightning.pytorch.utilities.exceptions")  # loaded before it could raise one
+    stops = (KeyboardInterrupt, lightning.SIGTERMException) if lightning else (KeyboardInterrupt,)
     while error is not None:
-        if isinstance(error, KeyboardInterrupt):
+        if isinstance(error, stops):
             return True
         error = error.__context__
     return False

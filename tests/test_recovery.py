@@ -22,10 +22,11 @@ import torch
 from helpers import SWEEPS, composed, console_script, data_slice
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.errors import NplmError
+from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.models.training import fit_callbacks
 from nplm_repro.progress import STATUS_ENV, read_status
 from nplm_repro.reporting.tables import build
+from nplm_repro.tracking import ledger
 from nplm_repro.tracking.ledger import ORPHANED
 
 STOPPED = "nplm-train: interrupted (any run it was recording is now KILLED; the same command resumes it)"
@@ -655,6 +656,44 @@ def test_a_mixed_row_before_its_rows_is_one_line_and_records_no_run(brown_path: 
         "run that row first (a mixed row comes after its rows)"
     )
     assert runs(uri) == []
+
+
+class SigtermAfterFirstBatch(L.Callback):
+    """SIGTERM to this process once the first batch has trained."""
+
+    def on_train_batch_end(self, trainer: L.Trainer, *_: object) -> None:
+        if trainer.global_step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigterm_lightning_alone_saw_still_ends_the_run_killed(
+    tiny_brown_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the KeyboardInterrupt of nplm-train's SIGTERM handler is lost (raised inside a finalizer, which Python
+    ignores), Lightning's own handler still saw the signal and stops the fit with its SIGTERMException, a SystemExit
+    with no code: the run ends KILLED (resumable) and with no error, and the command would exit 130, not 0."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = composed(
+        f"data.path={tiny_brown_path}",
+        *data_slice(5_000, 1_000, 1_000),
+        "experiment=mlp3",
+        "model.m=8",
+        f"tracking.uri={uri}",
+        f"callbacks.model_checkpoint.dirpath={tmp_path}/c",
+        "trainer.enable_progress_bar=false",
+        f"+callbacks.sigterm._target_={__name__}.SigtermAfterFirstBatch",
+    )
+    lost = signal.signal(signal.SIGTERM, lambda *_: None)  # the handler whose KeyboardInterrupt was lost
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            ledger.run(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, lost)
+    assert interrupted(stopped.value)
+    (run,) = runs(uri)
+    assert run.info.status == "KILLED" and "error" not in run.data.tags
 
 
 class ScriptedValidation(L.LightningModule):

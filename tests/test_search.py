@@ -135,6 +135,7 @@ def test_sigterm_stops_a_search_at_once_leaving_its_trials_to_resume(brown_path:
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["brown"])
     jobs = runs[runs["tags.sweep"] != "true"]
-    assert len(jobs) == 2 and (jobs["status"] == "KILLED").all()
+    ended = jobs[["status", *[c for c in ("tags.error", "tags.killed_because") if c in jobs]]].to_dict("records")
+    assert len(jobs) == 2 and (jobs["status"] == "KILLED").all(), (ended, (tmp_path / "search.log").read_text()[-6000:])
     for _, run in jobs.iterrows():  # what the same command resumes them from (the ledger's find_resumable)
         assert (Path(run["tags.checkpoint_dir"]) / "last.ckpt").is_file()
