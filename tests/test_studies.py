@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import ROOT, SWEEPS, composed, composed_study, run_script
 from hydra import compose, initialize_config_dir, initialize_config_module
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -195,6 +196,30 @@ def test_a_users_own_study_is_one_file_and_ends_in_its_report(tiny_brown_path: P
         verdict = r"^- \*\*Word features of 100 dimensions beat 60\*\*: (holds|fails|inconclusive)\.$"
         assert re.search(verdict, text, re.MULTILINE) and "95% interval [" in text, text
         assert "## My question" in text and (report.parent / "m100_m.png").is_file()
+
+
+@pytest.mark.slow  # about 30 s: two small LSTMs, two epochs each
+def test_brown_lstm_sampled_pairs_the_lstm_trained_both_ways(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """sweeps/brown_lstm_sampled.yaml, with a small LSTM on the tiny corpus: its report pairs the LSTM trained with the
+    exact softmax and with the sampled output layer (whatever precision `auto` gave the exact one), with the paired
+    interval of the sampled run's test perplexity over the exact run's and its verdict."""
+    study = yaml.safe_load((SWEEPS / "brown_lstm_sampled.yaml").read_text())
+    small = {"model.width": 16, "model.layers": 1, "trainer.max_epochs": 2, "optim.samples": 50}
+    study["hydra"]["sweeper"]["params"] |= {key: str(value) for key, value in small.items()}
+    (tmp_path / "own" / "study").mkdir(parents=True)
+    (tmp_path / "own" / "study" / "brown_lstm_sampled.yaml").write_text("# @package _global_\n" + yaml.safe_dump(study))
+    result = run_script(
+        "nplm-train", "-m", f"hydra.searchpath=[file://{tmp_path / 'own'}]", "study=brown_lstm_sampled",
+        f"data.path={tiny_brown_path}", "data.split.train=5000", "data.split.valid=1000", "data.split.test=1000",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db", cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = (tmp_path / "reports" / "brown_lstm_sampled.md").read_text()
+    pair = r"^- LSTM: exact \((bf16-mixed|32-true)\) valid .* test, sampled over exact, 95% interval \[.*\]: \w+$"
+    assert len(re.findall(pair, text, re.MULTILINE)) == 1, text
+    claim = r"^- Sampled training reaches the exact perplexity \(.*\): (holds|fails|inconclusive)\.$"
+    assert re.search(claim, text, re.MULTILINE), text
+    assert (tmp_path / "reports" / "brown_lstm_sampled_sampled_pairs.png").is_file()
 
 
 def test_what_a_study_declares_for_its_report_is_no_part_of_a_jobs_keys_or_params() -> None:
