@@ -29,14 +29,32 @@ def interrupted(error: BaseException | None) -> bool:
     return False
 
 
-def _sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt("SIGTERM")
+# The signal (SIGINT or SIGTERM) that stopped this job, kept for `raise_if_signalled`.
+_signalled: str | None = None
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    global _signalled
+    _signalled = signal.Signals(signum).name
+    raise KeyboardInterrupt(_signalled)
 
 
 def sigterm_interrupts() -> None:
-    """SIGTERM (kill, SLURM's preemption) stops a job as Ctrl-C does: its run ends KILLED, resumable."""
+    """SIGTERM (kill, SLURM's preemption) stops a job as Ctrl-C does: its run ends KILLED, resumable. Either signal is
+    remembered for `raise_if_signalled`; a job starts with none (a launcher's worker runs one job after another)."""
+    global _signalled
+    _signalled = None
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _sigterm)
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+
+
+def raise_if_signalled() -> None:
+    """Raise again the KeyboardInterrupt of a Ctrl-C or SIGTERM that was lost: one raised inside a finalizer
+    (SQLAlchemy's weakref callbacks, say) is printed as "Exception ignored" and dropped, and the run would go on to
+    its end and exit 0."""
+    if _signalled is not None:
+        raise KeyboardInterrupt(_signalled)
 
 
 def yaml_line(error: yaml.YAMLError, where: str | None = None) -> str:

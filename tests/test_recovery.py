@@ -21,7 +21,9 @@ import pytest
 import torch
 from helpers import SWEEPS, composed, console_script, data_slice
 from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
 
+from nplm_repro import errors
 from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.models.training import fit_callbacks
 from nplm_repro.progress import STATUS_ENV, read_status
@@ -658,6 +660,18 @@ def test_a_mixed_row_before_its_rows_is_one_line_and_records_no_run(brown_path: 
     assert runs(uri) == []
 
 
+def tiny_mlp(tiny_brown_path: Path, tmp_path: Path, *overrides: str) -> DictConfig:
+    """A small MLP job on the tiny corpus, into tmp_path's store."""
+    return composed(
+        f"data.path={tiny_brown_path}",
+        *data_slice(5_000, 1_000, 1_000),
+        *("experiment=mlp3", "model.m=8", "trainer.enable_progress_bar=false"),
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"callbacks.model_checkpoint.dirpath={tmp_path}/c",
+        *overrides,
+    )
+
+
 class SigtermAfterFirstBatch(L.Callback):
     """SIGTERM to this process once the first batch has trained."""
 
@@ -675,16 +689,7 @@ def test_a_sigterm_lightning_alone_saw_still_ends_the_run_killed(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cfg = composed(
-        f"data.path={tiny_brown_path}",
-        *data_slice(5_000, 1_000, 1_000),
-        "experiment=mlp3",
-        "model.m=8",
-        f"tracking.uri={uri}",
-        f"callbacks.model_checkpoint.dirpath={tmp_path}/c",
-        "trainer.enable_progress_bar=false",
-        f"+callbacks.sigterm._target_={__name__}.SigtermAfterFirstBatch",
-    )
+    cfg = tiny_mlp(tiny_brown_path, tmp_path, f"+callbacks.sigterm._target_={__name__}.SigtermAfterFirstBatch")
     lost = signal.signal(signal.SIGTERM, lambda *_: None)  # the handler whose KeyboardInterrupt was lost
     try:
         with pytest.raises(SystemExit) as stopped:
@@ -694,6 +699,45 @@ def test_a_sigterm_lightning_alone_saw_still_ends_the_run_killed(
     assert interrupted(stopped.value)
     (run,) = runs(uri)
     assert run.info.status == "KILLED" and "error" not in run.data.tags
+
+
+class CtrlCInAFinalizer(L.Callback):
+    """Ctrl-C (SIGINT to this process) once the first batch has trained, while a finalizer runs: the KeyboardInterrupt
+    raised there is printed as "Exception ignored" and dropped, as in SQLAlchemy's weakref callbacks (seen in
+    test_rerun_true_..., whose run then trained to its end and exited 0)."""
+
+    class Finalized:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # Python runs the handler between instructions, here inside __del__
+                pass
+
+    def on_train_batch_end(self, trainer: L.Trainer, *_: object) -> None:
+        if trainer.global_step == 1:
+            self.Finalized()
+
+
+def test_a_ctrl_c_lost_in_a_finalizer_still_stops_the_run_killed(
+    tiny_brown_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nplm-train's handler keeps the signal, and the fit stops at the next batch all the same: KILLED, no error."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(errors, "_signalled", None)  # and so back to none after this test
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = tiny_mlp(tiny_brown_path, tmp_path, f"+callbacks.ctrl_c._target_={__name__}.CtrlCInAFinalizer")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        errors.sigterm_interrupts()  # as nplm-train's job does
+        with pytest.raises((KeyboardInterrupt, SystemExit)) as stopped:
+            ledger.run(cfg)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert errors.interrupted(stopped.value)
+    (run,) = runs(uri)
+    assert run.info.status == "KILLED" and "error" not in run.data.tags
+    assert MlflowClient(uri).get_metric_history(run.info.run_id, "valid_ppl_epoch") == []  # stopped in epoch 1
 
 
 class ScriptedValidation(L.LightningModule):

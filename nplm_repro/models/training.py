@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
+from nplm_repro.errors import raise_if_signalled
 from nplm_repro.progress import report_status
 from nplm_repro.scores import KEPT_SPLITS, Scores
 
@@ -76,6 +77,16 @@ class FitClock(Callback):
         pl_module.log("fit_seconds_epoch", timer.time_elapsed("train"))
 
 
+class Signalled(Callback):
+    """Stops a fit or a scoring at the next batch after a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
+    (`raise_if_signalled`), as Lightning does for SIGTERM on its own."""
+
+    def on_train_batch_end(self, *_: Any) -> None:
+        raise_if_signalled()
+
+    on_validation_batch_end = on_test_batch_end = on_train_batch_end
+
+
 class KeptScores(Callback):
     """Every token's ln P from `Trainer.test`, one float32 array per kept dataloader, filled as batches come.
 
@@ -115,11 +126,11 @@ class KeptScores(Callback):
 
 def fit_callbacks(cfg: DictConfig) -> list[Callback]:
     """The config's callbacks (no progress bar when bars are off), the resume point if `save_last`, a Timer, the
-    epoch for a sweep's progress display and the fit's seconds at each validation."""
+    epoch for a sweep's progress display, the fit's seconds at each validation and a lost Ctrl-C's stop."""
     bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
     kept = {name: c for name, c in cfg.callbacks.items() if bars or name != "progress_bar"}
     callbacks = [instantiate(c, **ACTS_ON.get(name, {})) for name, c in kept.items()]
-    callbacks += [EpochStatus(), FitClock()]
+    callbacks += [EpochStatus(), FitClock(), Signalled()]
     if cfg.callbacks.model_checkpoint.get("save_last"):
         callbacks.append(resume_point(cfg.callbacks.model_checkpoint))
     if cfg.trainer.get("max_time") is None:  # with max_time, Lightning adds its own Timer
@@ -185,7 +196,9 @@ def train_neural(
     # scored in this process on one device: processes spawned for several devices would keep the scores
     tester = trainer
     if trainer.world_size > 1:
-        tester = L.Trainer(**one_device(cfg.trainer), logger=logger, enable_checkpointing=False, callbacks=[keep])
+        tester = L.Trainer(
+            **one_device(cfg.trainer), logger=logger, enable_checkpointing=False, callbacks=[keep, Signalled()]
+        )
     start = time.perf_counter()
     tester.test(module, [module.batches(corpus, s, eval_batch) for s in scored], ckpt_path=best or None, verbose=False)
     cost["score_seconds"] = time.perf_counter() - start
@@ -203,7 +216,7 @@ def score_splits(
     keep = KeptScores()
     # no bar: Lightning draws it on stdout, where nplm-score prints its result
     settings = {**one_device(cfg.trainer), "enable_progress_bar": False}
-    trainer = L.Trainer(**settings, logger=False, enable_checkpointing=False, callbacks=[keep])
+    trainer = L.Trainer(**settings, logger=False, enable_checkpointing=False, callbacks=[keep, Signalled()])
     keep.expect({i: corpus.size(s) for i, s in enumerate(splits)})
     module.score_as(splits)
     batches = [module.batches(corpus, s, cfg.data.eval_batch_size) for s in splits]
