@@ -16,7 +16,9 @@ its gradient clipped; scored with the state carried from a split's start through
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -31,6 +33,21 @@ from nplm_repro.models.sequence import SequenceModule, stream_loader
 from nplm_repro.rules import Rule, at_least, flag, number, optional
 
 State = tuple[torch.Tensor, torch.Tensor]
+
+
+@contextlib.contextmanager
+def _bfloat16_recurrence() -> Iterator[None]:
+    """Under bf16-mixed on a CPU whose oneDNN has no bfloat16 kernels (AVX2 only), oneDNN's LSTM fails ("could not
+    create a primitive descriptor for the LSTM forward propagation primitive"): the layer takes torch's own kernels
+    there, still with bfloat16 products."""
+    bfloat16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    native = bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = before and not native
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 class LSTMModule(SequenceModule):
@@ -99,10 +116,11 @@ class LSTMModule(SequenceModule):
     def _layer(self, index: int, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
         """Layer `index` over x, its hidden-to-hidden weights with `weight_drop` of them dropped for this batch."""
         layer = self.lstm[index]
-        if not (self.training and self.weight_drop):
-            return layer(x, state)
-        dropped = {"weight_hh_l0": drop.dropconnect(layer.weight_hh_l0, self.weight_drop, True)}
-        return functional_call(layer, dropped, (x, state))
+        with _bfloat16_recurrence():
+            if not (self.training and self.weight_drop):
+                return layer(x, state)
+            dropped = {"weight_hh_l0": drop.dropconnect(layer.weight_hh_l0, self.weight_drop, True)}
+            return functional_call(layer, dropped, (x, state))
 
     def hidden(self, x: torch.Tensor, state: list[State] | None = None) -> tuple[torch.Tensor, list[State]]:
         embedding = drop.words(self.embedding.weight, self.word_dropout, self.training)
