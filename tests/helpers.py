@@ -8,7 +8,10 @@ absent; tests/data/tiny_brown.zip (written by tests/data/make_tiny_brown.py) is 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
@@ -84,6 +88,46 @@ def run_script(
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     command = [console_script(name), *args]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+STACKS = {"PYTHONFAULTHANDLER": "1"}  # a command started with these prints every thread's stack on SIGABRT
+
+
+def ends_within(process: subprocess.Popen, seconds: float, log: Path) -> int:
+    """`process`'s exit code if it ends within `seconds`. Else the test fails showing where it and the processes it
+    started are stuck: started with STACKS in its environment and its output (and theirs) going to `log`, each is
+    sent SIGABRT, on which Python writes the stack of every thread (faulthandler); the failure message gives the
+    log's last lines before the stacks and each thread's most recent calls (`stacks`)."""
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        tree = [psutil.Process(process.pid)]
+        with contextlib.suppress(psutil.Error):
+            tree += tree[0].children(recursive=True)
+        for each in tree:
+            with contextlib.suppress(psutil.Error):
+                each.send_signal(signal.SIGABRT)
+        psutil.wait_procs(tree, timeout=30)
+        command = Path(process.args[0]).name
+        stuck = f"{command} still running {seconds:.0f} s on; its processes' stacks:\n{stacks(log.read_text())}"
+    pytest.fail(stuck, pytrace=False)  # out of the except: no traceback of the timeout before the stacks
+
+
+def stacks(output: str, frames: int = 6) -> str:
+    """faulthandler's dumps in `output`, each thread's `frames` most recent calls, after the last 12 lines before
+    them that are not progress bars."""
+    start = output.find("Fatal Python error")
+    shown = (re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line) for line in output[: max(start, 0)].splitlines())
+    before = [line for line in shown if line.strip() and "it/s" not in line][-12:]  # no progress bars
+    kept, depth = [], 0
+    for line in output[start:].splitlines() if start >= 0 else []:
+        if re.match(r"(Fatal Python error|Thread 0x|Current thread 0x)", line):
+            kept.append(line)
+            depth = 0
+        elif line.startswith("  File ") and depth < frames:
+            kept.append(line)
+            depth += 1
+    return "\n".join([*before, *kept])
 
 
 def check_loaded_model(uri: str, run_id: str, context: str, cwd: Path) -> None:

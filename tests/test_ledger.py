@@ -1,14 +1,19 @@
-"""The run ledger's look-ups in a real MLflow store: which run a job resumes, finds finished, or marks KILLED."""
+"""The run ledger's look-ups in a real MLflow store: which run a job resumes, finds finished, or marks KILLED, also
+at the end of a stopped sweep."""
 
+import time
 from pathlib import Path
 
 import pytest
 from helpers import composed
 from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from nplm_repro.errors import NplmError
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.ledger import ORPHANED, end_orphans, find_finished, find_resumable, search
+from nplm_repro.tracking.locks import config_lock
+from nplm_repro.tracking.sweep import MlflowSweep
 
 
 def killed_run(client: MlflowClient, experiment: str, key: str, checkpoints: Path, start: int, last: bool) -> str:
@@ -85,3 +90,23 @@ def test_a_batch_larger_than_a_proportional_training_split_is_refused_before_the
     with pytest.raises(NplmError, match=r"optim.batch_size=100000 is larger than the training split \("):
         ledger.run(cfg)
     assert not (tmp_path / "m.db").exists()
+
+
+def test_a_stopped_sweep_waits_for_its_jobs_locks_once_in_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs a stopped sweep left RUNNING whose jobs still hold their locks: `end_killed_jobs` waits its `wait` for
+    all of them together, not once per run, and leaves them RUNNING; a run whose lock is free it marks KILLED."""
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("brown")
+    parent = client.create_run(experiment).info.run_id
+    tags = {MLFLOW_PARENT_RUN_ID: parent}
+    runs = {k: client.create_run(experiment, tags={"config_key": k, **tags}).info.run_id for k in ("a", "b", "c")}
+    sweep = MlflowSweep()
+    sweep.uri, sweep.experiment, sweep.parent_run_id = uri, "brown", parent
+    with config_lock("a"), config_lock("b"):  # their jobs, still ending their runs
+        started = time.monotonic()
+        sweep.end_killed_jobs(wait=3.0)
+        assert time.monotonic() - started < 5.5  # 3 s for each of the two would be 6
+    ended = {key: client.get_run(run).info.status for key, run in runs.items()}
+    assert ended == {"a": "RUNNING", "b": "RUNNING", "c": "KILLED"}

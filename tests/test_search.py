@@ -3,15 +3,18 @@ launcher, each a run under the search's MLflow parent run, each epoch's validati
 a trial the pruner stops scored like any run, the study kept in ./optuna.db so that the same command continues it,
 a trial left running by a stopped search resumed with its own number."""
 
+import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
 
 import mlflow
+import pandas as pd
 import pytest
-from helpers import SLICE, console_script, run_script
+from helpers import SLICE, STACKS, console_script, ends_within, run_script
 from mlflow.tracking import MlflowClient
 
 optuna = pytest.importorskip("optuna", reason="the search needs the extra optuna: pip install -e '.[optuna]'")
@@ -102,40 +105,74 @@ def test_the_cpu_hours_stop_the_running_trials_and_start_no_more(brown_path: Pat
 
 
 def both_past_an_epoch(where: Path) -> bool:
-    if not (where / "optuna.db").exists():
+    """Whether both trials have reported an epoch, read from the study's database read-only: Optuna's own
+    `load_study` creates the tables it misses, and when the search is creating them at that moment, one of the two
+    fails on the other's (UNIQUE constraint failed: alembic_version.version_num)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{where}/optuna.db?mode=ro", uri=True)) as study:
+            (reported,) = study.execute("SELECT count(DISTINCT trial_id) FROM trial_intermediate_values").fetchone()
+    except sqlite3.OperationalError:  # not created yet, or its tables not yet
         return False
-    found = trials(where)
-    return len(found) == 2 and all(t.intermediate_values for t in found)
+    return reported == 2
+
+
+def stopped_search(brown_path: Path, where: Path, *overrides: str, env: dict[str, str] | None = None) -> pd.DataFrame:
+    """A search of two long trials sent SIGTERM once both have trained an epoch: it ends within 60 s with exit 130,
+    its trials RUNNING (the same command launches them again, test_a_trial_left_running_...). Its trials' runs."""
+    uri = f"sqlite:///{where}/mlflow.db"
+    args = [*TINY_MLP, *SLICE, f"data.path={brown_path}", f"tracking.uri={uri}", "hydra.sweeper.n_trials=2"]
+    long = ["trainer.max_epochs=200", "trainer.limit_train_batches=40", "callbacks.early_stopping.patience=1000"]
+    command = [console_script("nplm-train"), "hparams_search=paper_lr", *args, *long, *overrides]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | STACKS | (env or {})
+    output = where / "search.log"
+    with output.open("w") as log:
+        search = subprocess.Popen(command, cwd=where, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 240
+            while not both_past_an_epoch(where):
+                assert search.poll() is None and time.monotonic() < deadline, output.read_text()
+                time.sleep(1)
+            search.send_signal(signal.SIGTERM)
+            assert ends_within(search, 60, output) == 130, output.read_text()[-6000:]
+        finally:
+            search.kill()
+    assert [t.state for t in trials(where)] == [optuna.trial.TrialState.RUNNING] * 2
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["brown"])
+    jobs = runs[runs["tags.sweep"] != "true"]
+    ended = jobs[["status", *[c for c in ("tags.error", "tags.killed_because") if c in jobs]]].to_dict("records")
+    assert len(jobs) == 2 and (jobs["status"] == "KILLED").all(), (ended, output.read_text()[-6000:])
+    return jobs
 
 
 @pytest.mark.slow
 def test_sigterm_stops_a_search_at_once_leaving_its_trials_to_resume(brown_path: Path, tmp_path: Path) -> None:
     """SIGTERM while two trials train stops the search within seconds, not when the trials end (the search waited
     on its launches): exit 130, the trials' runs KILLED with their last checkpoints and the trials RUNNING, which the
-    same command launches again with their numbers (test_a_trial_left_running_...), resuming the runs."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    args = [*TINY_MLP, *SLICE, f"data.path={brown_path}", f"tracking.uri={uri}", "hydra.sweeper.n_trials=2"]
-    long = ["trainer.max_epochs=200", "trainer.limit_train_batches=40", "callbacks.early_stopping.patience=1000"]
-    command = [console_script("nplm-train"), "hparams_search=paper_lr", *args, *long]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    with (tmp_path / "search.log").open("w") as log:
-        search = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + 240
-            while not both_past_an_epoch(tmp_path):
-                assert search.poll() is None and time.monotonic() < deadline, (tmp_path / "search.log").read_text()
-                time.sleep(1)
-            sent = time.monotonic()
-            search.send_signal(signal.SIGTERM)
-            assert search.wait(timeout=60) == 130
-            assert time.monotonic() - sent < 60
-        finally:
-            search.kill()
-    assert [t.state for t in trials(tmp_path)] == [optuna.trial.TrialState.RUNNING] * 2
-    mlflow.set_tracking_uri(uri)
-    runs = mlflow.search_runs(experiment_names=["brown"])
-    jobs = runs[runs["tags.sweep"] != "true"]
-    ended = jobs[["status", *[c for c in ("tags.error", "tags.killed_because") if c in jobs]]].to_dict("records")
-    assert len(jobs) == 2 and (jobs["status"] == "KILLED").all(), (ended, (tmp_path / "search.log").read_text()[-6000:])
-    for _, run in jobs.iterrows():  # what the same command resumes them from (the ledger's find_resumable)
+    same command launches again with their numbers, resuming the runs."""
+    for _, run in stopped_search(brown_path, tmp_path).iterrows():  # what the ledger's find_resumable resumes from
         assert (Path(run["tags.checkpoint_dir"]) / "last.ckpt").is_file()
+
+
+STUCK = """
+import time
+
+from lightning.pytorch.callbacks import Callback
+
+
+class Stuck(Callback):
+    def on_exception(self, trainer, pl_module, exception):
+        time.sleep(3600)
+"""
+
+
+@pytest.mark.slow
+def test_a_trial_stuck_after_the_stop_is_killed_and_its_run_still_ends_killed(brown_path: Path, tmp_path: Path) -> None:
+    """Trials whose jobs never end once interrupted (a callback stuck in on_exception): the search kills their
+    workers stop_seconds after the stop instead of waiting on them, and still ends in seconds with exit 130, each
+    run KILLED by the sweep's end (its process gone) and each trial RUNNING, resumable."""
+    (tmp_path / "stuck.py").write_text(STUCK)
+    stuck = ["hydra.sweeper.stop_seconds=3", "+callbacks.stuck._target_=stuck.Stuck"]
+    jobs = stopped_search(brown_path, tmp_path, *stuck, env={"PYTHONPATH": str(tmp_path)})
+    assert jobs["tags.killed_because"].notna().all()
+    assert "had not ended 3 s after the stop: their workers are killed" in (tmp_path / "search.log").read_text()

@@ -110,9 +110,11 @@ class Search(Sweeper):
         pruner: Any,
         params: DictConfig | None = None,
         cpu_hours: float | None = None,
+        stop_seconds: float = 30.0,
     ) -> None:
         self.study_name, self.storage, self.direction = study_name, storage, direction
         self.n_trials, self.n_jobs, self.cpu_hours = n_trials, n_jobs, cpu_hours
+        self.stop_seconds = stop_seconds
         self.sampler, self.pruner = sampler, pruner  # configs (the sweeper's config says _recursive_: false)
         self.params = OmegaConf.to_container(params or {}, resolve=False)
         self.launcher: Any = None
@@ -168,15 +170,25 @@ class Search(Sweeper):
         """Ctrl-C or SIGTERM reached the search, which waits on its launches while the launcher's workers train: pass
         it on to the workers, whose jobs end their runs KILLED (resumable), so that the launches return and the
         search stops now, not when its trials end. Their trials stay RUNNING: the same command launches them again
-        (`sweep`), and each run resumes from its last epoch."""
+        (`sweep`), and each run resumes from its last epoch.
+
+        A worker whose job has not ended `stop_seconds` later (stuck ending its run) is killed, so that a stop never
+        waits on it: its run, left RUNNING with its process gone, is marked KILLED at the sweep's end
+        (`MlflowSweep.end_killed_jobs`) and resumes all the same."""
         if not running:
             return
         numbers = ", ".join(str(trial.number) for trial in running.values())
         log.warning("search %s stopped: trials %s end KILLED, resumed by the same command", self.study_name, numbers)
-        for pid in workers():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        wait(running)
+        signal_workers(signal.SIGTERM)
+        if wait(running, timeout=self.stop_seconds).not_done:
+            log.warning(
+                "search %s: trials %s had not ended %.0f s after the stop: their workers are killed",
+                self.study_name,
+                ", ".join(str(trial.number) for future, trial in running.items() if not future.done()),
+                self.stop_seconds,
+            )
+            signal_workers(signal.SIGKILL)
+            wait(running)
 
     def _more(self, study: Any, running: int) -> bool:
         """Whether a new trial may start: fewer than n_trials ended or running, STARTS of the CPU hours left."""
@@ -284,6 +296,13 @@ def workers() -> list[int]:
             if fields[1] == me:
                 found.append(int(stat.parent.name))
     return found
+
+
+def signal_workers(how: signal.Signals) -> None:
+    """Send `how` to every worker of the launcher (`workers`)."""
+    for pid in workers():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, how)
 
 
 def spent(trials: Sequence[Any]) -> float:

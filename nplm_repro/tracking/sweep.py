@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -340,13 +341,15 @@ class MlflowSweep(Callback):
 
     def end_killed_jobs(self, wait: float = 30.0) -> None:
         """Mark KILLED the runs this sweep's workers, now gone, left RUNNING (their config_lock is free): its
-        children, and the runs of earlier sweeps it resumed."""
+        children, and the runs of earlier sweeps it resumed. `wait`: the seconds to wait for the locks, all of them
+        together, so that a stopped sweep ends in that time however many runs it left."""
+        deadline = time.monotonic() + wait
         for tag in (MLFLOW_PARENT_RUN_ID, RESUMED_IN):
             running = f"tags.{tag} = '{self.parent_run_id}'", "attributes.status = 'RUNNING'"
             for run in search(self.uri, self.experiment, *running):
                 key = run.data.tags.get("config_key")
                 try:
-                    with config_lock(key, timeout=wait):
+                    with config_lock(key, timeout=max(0.0, deadline - time.monotonic())):
                         end_orphans(self.uri, self.experiment, key)
                 except Timeout:
                     log.warning(
