@@ -106,7 +106,7 @@ def neighbours(scorer: RunScorer, args: argparse.Namespace) -> str:
     ids = [word_id(scorer, word) for word in args.words]
     found = nearest(scorer.model().word_features(), ids, args.k)
     lines = [
-        f"run {scorer.run_id[:12]} ({scorer.name}), {args.k} nearest words by cosine similarity of the word features:"
+        f"run {scorer.run_id[:12]} ({scorer.name}), {args.k} nearest words by centred cosine similarity of the word features:"
     ]
     for word, near in zip(args.words, found):
         lines.append(f"{word}: " + ", ".join(f"{vocab[i]} {s:.2f}" for i, s in near))

@@ -67,7 +67,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.language_module import LanguageModule
-from nplm_repro.models.precision import PRECISIONS, resolve
+from nplm_repro.models.precision import PRECISIONS, job_precision
 from nplm_repro.models.speed import (
     baseline,
     ceiling,
@@ -80,7 +80,7 @@ from nplm_repro.models.speed import (
 )
 from nplm_repro.models.training import build_module, token_probs
 from nplm_repro.tracking.config_checks import check_config, check_sizes
-from nplm_repro.tracking.keys import SAMPLING_KEYS
+from nplm_repro.tracking.keys import SAMPLING_KEYS, family
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,8 @@ def bench(cfg: DictConfig) -> None:
     check_bench(cfg.bench)
     what, corpus = set(cfg.bench.what), load_corpus(cfg.data)
     check_sizes(cfg, corpus.sizes())  # the values against the corpus read, as nplm-train checks them
-    cfg.trainer.precision = resolve(cfg.trainer.precision, cfg.trainer.accelerator)[0]  # what nplm-train would use
+    what_trains = family(cfg)  # auto: bf16-mixed only for a family shown neutral to it (models/precision.py NEUTRAL)
+    cfg.trainer.precision = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, "exact", what_trains)[0]
     log.info("measuring %s", OmegaConf.to_container(cfg.bench, resolve=True))
     L.seed_everything(cfg.seed, verbose=False)
     if what == {"ngram"}:  # no trained family to build
@@ -217,7 +218,7 @@ def bench(cfg: DictConfig) -> None:
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
     module, speeds = None, {}
     for precision in cfg.bench.precisions if what & {"train", "eval", "mixture", "classes"} else []:
-        concrete, tags = resolve(precision, cfg.trainer.accelerator)  # auto: what nplm-train would pick here
+        concrete, tags = job_precision(precision, cfg.trainer.accelerator, "exact", what_trains)  # as nplm-train would
         result, module = train_steps(exact, corpus, concrete)
         speeds[precision] = result["tokens_per_s"]
         if "train" in what:
@@ -254,7 +255,7 @@ def bench(cfg: DictConfig) -> None:
     if "classes" in what:
         classes = OmegaConf.merge(exact, {"model": {"output": "classes"}})
         for precision in cfg.bench.precisions:
-            concrete = resolve(precision, cfg.trainer.accelerator)[0]
+            concrete = job_precision(precision, cfg.trainer.accelerator, "exact", what_trains)[0]
             result, trained = train_steps(classes, corpus, concrete)
             rows = rows_per_token(trained, corpus)
             emit(

@@ -41,7 +41,7 @@ KNOWN = {
 # What a claim compares, each a list of pairs of rows (reporting/claims.py applies them; docs/studies.md), and what
 # it may say beside them; anything else is a typo, refused, or its pairs would silently count for nothing
 CLAIM_KINDS = ("better", "equivalent", "more", "faster")
-CLAIM_KEYS = ("claim", "by", "margin")
+CLAIM_KEYS = ("claim", "by", "margin", "varies")
 
 
 def checked(spec: Any, where: str) -> dict[str, Any]:
@@ -73,6 +73,9 @@ def _check_claims(claims: Any, where: str) -> None:
                 f"{where}: claim {claim['claim']!r} has an unknown kind {', '.join(unknown)} (kinds: "
                 f"{', '.join(CLAIM_KINDS)}; beside them: {', '.join(CLAIM_KEYS)})"
             )
+        varies = claim.get("varies", [])
+        if not isinstance(varies, list) or not all(isinstance(key, str) for key in varies):
+            raise NplmError(f"{where}: claim {claim['claim']!r}: `varies` must be a list of keys, [optim.lr, ...]")
         for kind in CLAIM_KINDS:
             pairs = claim.get(kind) or []
             if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):

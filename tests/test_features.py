@@ -76,3 +76,22 @@ def test_learned_features_keep_the_run_keys_of_before_the_knob() -> None:
     assert model_key(learned, "f") == model_key(bare, "f")
     assert config_key(fixed, "f") != config_key(learned, "f")
     assert model_key(fixed, "f") != model_key(learned, "f")
+
+
+def test_neighbours_are_listed_only_among_words_trained_often_by_centred_cosine() -> None:
+    """Rare words' rows share one direction (representation degeneration): raw cosines put every rare word at 0.95
+    from every other. Centred, and among words seen 50 times, a frequent word's neighbour is the one that moves with
+    it, and no rare word is listed."""
+    from nplm_repro.models.use import nearest
+
+    torch.manual_seed(0)
+    shared = torch.randn(8)
+    rows = shared + 0.05 * torch.randn(6, 8)  # six rare words, all near the shared direction
+    frequent = torch.randn(4, 8)
+    frequent[1] = frequent[0] + 0.1 * torch.randn(8)  # word 7 moves with word 6
+    features = torch.cat([rows, frequent])
+    among = torch.tensor([False] * 6 + [True] * 4)
+    (near,) = nearest(features, [6], k=2, among=among)
+    assert near[0][0] == 7 and all(i >= 6 for i, _ in near)
+    raw = torch.nn.functional.normalize(features, dim=1)
+    assert float(raw[0] @ raw[1]) > 0.95  # what the uncentred lists showed for rare words

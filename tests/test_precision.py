@@ -10,6 +10,7 @@ from helpers import TINY_BROWN, composed, data_slice
 from omegaconf import DictConfig
 
 from nplm_repro.data.load import load_corpus
+from nplm_repro.models import precision
 from nplm_repro.models.precision import MARGIN, job_precision, resolve, training_step_gflops
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.keys import config_key
@@ -26,15 +27,32 @@ def test_explicit_precisions_pass_through_unprobed(cache: Path) -> None:
     assert not cache.exists()
 
 
-def test_a_job_computes_in_the_resolved_precision_sampled_in_float32_a_count_in_none(cache: Path) -> None:
+def test_a_job_computes_in_the_resolved_precision_sampled_in_float32_a_count_in_none(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What the ledger keys and tags a job with: sampled training in 32-true whatever the config says, unprobed; an
-    exact MLP in what auto resolves to, with the probe's tags; a counted n-gram the same precision (its config key
-    has always held it) but no tags, as it computes in none."""
-    assert job_precision("auto", "cpu", "sampled") == ("32-true", {}) and not cache.exists()
-    chosen, tags = job_precision("auto", "cpu", "exact")
+    exact model of a family shown neutral to bfloat16 in what auto resolves to, with the probe's tags; a counted
+    n-gram the same precision (its config key has always held it) but no tags, as it computes in none."""
+    monkeypatch.setattr(precision, "NEUTRAL", {"mlp": "holds"})
+    assert job_precision("auto", "cpu", "sampled", "mlp") == ("32-true", {}) and not cache.exists()
+    chosen, tags = job_precision("auto", "cpu", "exact", "mlp")
     assert chosen in ("32-true", "bf16-mixed") and tags["precision.auto"].startswith(chosen)
-    assert job_precision("auto", "cpu", None) == (chosen, {})
-    assert job_precision("bf16-mixed", "cpu", "exact") == ("bf16-mixed", {}) == job_precision("bf16-mixed", "cpu", None)
+    assert job_precision("auto", "cpu", None, "kneser_ney") == (chosen, {})
+    assert job_precision("bf16-mixed", "cpu", "exact", "lstm") == ("bf16-mixed", {})
+    assert job_precision("bf16-mixed", "cpu", None, "kneser_ney") == ("bf16-mixed", {})
+
+
+@pytest.mark.parametrize("family", ["lstm", "transformer", "mlp"])
+def test_auto_trains_a_family_not_shown_neutral_to_bfloat16_in_float32_unprobed(cache: Path, family: str) -> None:
+    """No family's precision claim holds yet (reports/brown_precision.md): auto gives 32-true without probing, on any
+    CPU, and its tag says why; an explicit bf16-mixed is still the user's to ask for."""
+    assert family not in precision.NEUTRAL
+    chosen, tags = job_precision("auto", "cpu", "exact", family)
+    assert chosen == "32-true" and not cache.exists()
+    assert tags["precision.auto"] == (
+        f"32-true: bf16-mixed is not shown to leave {family}'s perplexity unchanged (reports/brown_precision.md)"
+    )
+    assert precision.choices("auto", "exact", family) == ("32-true",)
 
 
 def test_auto_picks_the_faster_measured_dtype_and_caches_it(cache: Path) -> None:
@@ -131,9 +149,10 @@ def all_runs(workdir: Path) -> list[mlflow.entities.Run]:
 def test_a_job_keeps_the_precision_its_run_resolved_when_the_probe_would_choose_the_other(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run resolved auto to bf16-mixed; the same command later, with a fresh cache whose probe says float32, skips
-    that finished run, resumes it when a kill left it, and marks KILLED a run of the other precision left RUNNING,
-    instead of training anew under another config key."""
+    """A run of a family auto may train in bfloat16 resolved auto to bf16-mixed; the same command later, with a fresh
+    cache whose probe says float32, skips that finished run, resumes it when a kill left it, and marks KILLED a run of
+    the other precision left RUNNING, instead of training anew under another config key."""
+    monkeypatch.setattr(precision, "NEUTRAL", {"mlp": "holds"})
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "first"))
     cached_rates(tmp_path / "first" / "precision", float32=100, bfloat16=400)
@@ -157,3 +176,20 @@ def test_a_job_keeps_the_precision_its_run_resolved_when_the_probe_would_choose_
     client.set_tag(orphan, "config_key", config_key(other, load_corpus(other.data).fingerprint))
     assert ledger.run(mlp_job(tmp_path))[0] == first
     assert client.get_run(orphan).info.status == "KILLED" and client.get_run(orphan).data.tags["killed_because"]
+
+
+def test_one_command_makes_the_same_model_on_a_cpu_with_bfloat16_units_and_on_one_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`auto` on an MLP (no precision claim holds for it yet): the probe of a CPU with bfloat16 units (4x float32) and
+    of one without (half of it) give the same precision, the same config key and the same model."""
+    found = []
+    for cpu, bfloat16 in (("units", 400), ("emulated", 50)):
+        (tmp_path / cpu).mkdir()
+        monkeypatch.chdir(tmp_path / cpu)
+        monkeypatch.setenv("NPLM_CACHE", str(tmp_path / cpu / "cache"))
+        cached_rates(tmp_path / cpu / "cache" / "precision", float32=100, bfloat16=bfloat16)
+        ledger.run(mlp_job(tmp_path / cpu))
+        (run,) = all_runs(tmp_path / cpu)
+        found.append((run.data.params["trainer.precision"], run.data.tags["config_key"], run.data.metrics["test_ppl"]))
+    assert found[0] == found[1] and found[0][0] == "32-true", found

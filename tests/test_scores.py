@@ -206,17 +206,18 @@ def test_generate_continues_a_prompt_the_same_for_a_seed(
     assert by_row.returncode == 2  # --study names a study: the empty one is refused
 
 
-def test_neighbours_are_the_nearest_rows_of_c(
+def test_neighbours_are_the_nearest_rows_of_c_by_centred_cosine(
     store: tuple[Path, str, dict[str, str]], ask: Callable[..., Done]
 ) -> None:
     workdir, uri, ids = store
     done = ask(workdir, "neighbours", ids["mlp5"], "the", "of", "--k", "3", "--tracking-uri", uri)
     assert done.returncode == 0, done.stderr
     head, the, of = done.stdout.strip().split("\n")
-    assert head.endswith("3 nearest words by cosine similarity of the word features:")
+    assert head.endswith("3 nearest words by centred cosine similarity of the word features:")
     module = RunScorer(uri, ids["mlp5"]).model()
     vocab = RunScorer(uri, ids["mlp5"]).corpus.vocab
-    unit = torch.nn.functional.normalize(module.model.C.detach(), dim=1)
+    C = module.model.C.detach()
+    unit = torch.nn.functional.normalize(C - C.mean(dim=0), dim=1)  # centred: the rows' mean direction removed
     similarity = unit @ unit[vocab.index("the")]
     similarity[vocab.index("the")] = -1
     best = [vocab[i] for i in similarity.topk(3).indices.tolist()]

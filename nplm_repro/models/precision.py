@@ -1,4 +1,5 @@
-"""`trainer.precision=auto`: bf16-mixed only where this device's bfloat16 products are measured to be faster.
+"""`trainer.precision=auto`: bf16-mixed only for a family shown to train as well in it (NEUTRAL), and only where this
+device's bfloat16 products are measured to be faster.
 
 The training time of eq. (1) is the |V|-wide output layer's three products. On a CPU with bfloat16 units
 (AVX-512 BF16, AMX) they run several times faster in bfloat16 than in float32; on an AVX2-only CPU torch
@@ -38,6 +39,13 @@ PROBE = {"batch": 256, "width": 128, "vocab": 4096}  # a small output layer; the
 # measures 3 to 5 times (docs/performance.md), emulated a quarter or less, so a near-tie is load on the machine, never
 # a reason to round worse; a run's later resumes read its choice from the run (tracking/ledger.py), never the probe.
 MARGIN = 1.5
+# The families `auto` may train in bf16-mixed: those whose claim of the precision study, "bf16-mixed training changes
+# test perplexity by less than 2%" (sweeps/brown_precision.yaml: each family in both precisions, all else equal, 3
+# seeds), holds by its paired interval in reports/brown_precision.md; each with the line that admitted it. Under
+# `auto` every other family trains in 32-true whatever this CPU's bfloat16 speed, so one command makes the same
+# models on every CPU. Until a family's verdict is in, it is not here.
+NEUTRAL: dict[str, str] = {}
+STUDY = "reports/brown_precision.md"
 
 
 def best_seconds(work: Callable[[], object], repeats: int, sync: Callable[[], object] = lambda: None) -> float:
@@ -172,23 +180,31 @@ def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, s
     return chosen, tags | {"precision.auto": why}
 
 
-def choices(precision: str, output: str | None) -> tuple[str, ...]:
-    """The precisions a job may compute in before the probe has spoken: every one for `auto` (its run may already have
-    resolved it: the ledger reads that from the run), else the one `job_precision` gives without probing."""
-    if precision == "auto" and output != "sampled":
+def choices(precision: str, output: str | None, family: str | None = None) -> tuple[str, ...]:
+    """The precisions a job may compute in before the probe has spoken: both for `auto` on a family it may train in
+    bf16-mixed (NEUTRAL: its run may already have resolved it, which the ledger reads from the run), else the one
+    `job_precision` gives without probing."""
+    if precision == "auto" and output != "sampled" and (output is None or family in NEUTRAL):
         return PRECISIONS
-    return ("32-true",) if output == "sampled" else (precision,)
+    return ("32-true",) if output == "sampled" or precision == "auto" else (precision,)
 
 
-def job_precision(precision: str, accelerator: str, output: str | None) -> tuple[str, dict[str, str]]:
-    """The concrete precision a job computes in, and the tags its run keeps (`resolve`'s), for a job whose model
-    trains with `output` (optim.output: exact or sampled), or is counted (None, an n-gram).
+def job_precision(
+    precision: str, accelerator: str, output: str | None, family: str | None = None
+) -> tuple[str, dict[str, str]]:
+    """The concrete precision a job computes in, and the tags its run keeps (`resolve`'s), for a job of `family`
+    whose model trains with `output` (optim.output: exact or sampled), or is counted (None, an n-gram).
 
     Sampled training computes in float32 whatever the config says (it allows auto or 32-true: bf16-mixed would be
-    recorded but not used). A counted model computes in no precision, so it keeps no tags; `auto` is resolved all
-    the same, as it always was: the config key of its run holds the result.
+    recorded but not used). Under `auto` a trained family not shown neutral to bfloat16 (NEUTRAL) trains in 32-true,
+    unprobed, and its tag says why. A counted model computes in no precision, so it keeps no tags; `auto` is resolved
+    all the same, as it always was: the config key of its run holds the result.
     """
     if output == "sampled":
         return "32-true", {}
+    if precision == "auto" and output is not None and family not in NEUTRAL:
+        why = f"32-true: bf16-mixed is not shown to leave {family}'s perplexity unchanged ({STUDY})"
+        log.info("precision=auto -> %s", why)
+        return "32-true", {"precision.auto": why}
     chosen, tags = resolve(precision, accelerator)
     return chosen, tags if output is not None else {}

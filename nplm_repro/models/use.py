@@ -40,10 +40,20 @@ def continue_ids(
 
 
 @torch.no_grad()
-def nearest(features: torch.Tensor, ids: list[int], k: int) -> list[list[tuple[int, float]]]:
-    """For each id, the k other ids whose rows of C are nearest by cosine similarity, with that similarity."""
-    unit = F.normalize(features.float(), dim=1)
+def nearest(
+    features: torch.Tensor, ids: list[int], k: int, among: torch.Tensor | None = None
+) -> list[list[tuple[int, float]]]:
+    """For each id, the k other ids whose rows of C are nearest by centred cosine similarity (the rows' mean vector
+    removed first), with that similarity; only ids where `among` (a bool per row) is true are candidates.
+
+    Centring matters: rare words' rows, seldom updated, collapse onto one shared direction (representation
+    degeneration, Gao et al. 2019), so raw cosines of 0.95 between "cat" and "coroner" say nothing of meaning."""
+    rows = features.float()
+    centre = (rows[among] if among is not None else rows).mean(dim=0)
+    unit = F.normalize(rows - centre, dim=1)
     similarity = unit[ids] @ unit.T
     similarity[torch.arange(len(ids)), ids] = -torch.inf  # a word is not its own neighbour
+    if among is not None:
+        similarity[:, ~among] = -torch.inf
     values, found = similarity.topk(k, dim=1)
     return [list(zip(row.tolist(), value.tolist())) for row, value in zip(found, values)]

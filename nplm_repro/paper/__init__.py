@@ -55,6 +55,19 @@ def _read_table(study: str) -> pd.DataFrame:
     return paper
 
 
+@functools.cache
+def paper_row_names() -> frozenset[str]:
+    """Every row name of the paper's tables (MLP1 ... MLP10, Del. Int., ...)."""
+    return frozenset(name for study in PAPER_TABLES for name in _read_table(study)["row"])
+
+
+def own_name(row_tag: str) -> str | None:
+    """The name a configuration of a paper family that is no row of the paper goes by: its row tag when the tag is a
+    name of its own (`MLP searched`), None when the tag is a paper row's (an MLP1 with direct=no is no longer MLP1:
+    it is named by its columns, `MLP n=5 h=50 ...`)."""
+    return row_tag if row_tag and row_tag not in paper_row_names() else None
+
+
 def row_key(family: str, values: pd.Series | Mapping[str, object]) -> tuple[str, ...]:
     """What makes a model one row of the paper's tables: its family and its columns."""
     return (family, *(str(values[c]) for c in COLUMNS))

@@ -3,13 +3,16 @@ which threshold or equivalence margin), applied by one engine: each pair of rows
 difference on test and one of three verdicts, and the claim the verdict of its pairs (docs/studies.md says how).
 
 A pair whose rows are not both measured is "not measured"; one whose runs kept no scores has no interval and is
-inconclusive, its point difference shown. A `more` pair compares the epoch of the best validation instead, and a
-`faster` pair the training tokens per second, seed by seed (the same seed in both rows): the mean of the per-seed
-ratios less 1, with its t interval over seeds.
+inconclusive, its point difference shown. A pair whose rows also differ in a key the claim does not name (the
+precision, the validation, the stopping rule: tracking/confounds.py) is "confounded", each such key with both values,
+and so is its claim: no holds or fails for a comparison that varies two things. A `more` pair compares the epoch of
+the best validation instead, and a `faster` pair the training tokens per second, seed by seed (the same seed in both
+rows): the mean of the per-seed ratios less 1, with its t interval over seeds.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +24,7 @@ from scipy import stats
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
 from nplm_repro.reporting.formats import pct
 from nplm_repro.reporting.intervals import Difference, Evidence
+from nplm_repro.tracking.confounds import CONFOUNDED, allowed, confounded, differences
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 PARTLY, NOT_MEASURED = "holds on the rows measured", "not measured"
@@ -65,6 +69,15 @@ class Numbers:
         self.paper = {r.label: (r.paper_valid_ppl, r.paper_test_ppl) for r in table.itertuples()}
         self.family = dict(zip(table["label"], table["family"]))
         self.kind = dict(zip(table["label"], table["kind"])) if "kind" in table else {}
+        configs = table["config"] if "config" in table else pd.Series("", index=table.index)
+        self.config = {r: json.loads(c) if isinstance(c, str) and c else {} for r, c in zip(table["label"], configs)}
+
+    def confounds(self, a: str, b: str, varies: list[str] | None) -> str | None:
+        """The `confounded` verdict of rows `a` and `b` when they differ in a key the claim does not name
+        (tracking/confounds.py), else None."""
+        both_trained = self.kind.get(a, "trained") == self.kind.get(b, "trained") == "trained"
+        found = differences(self.config[a], self.config[b], allowed(a, b, varies), both_trained)
+        return confounded(found) if found else None
 
     def best_on_valid(self, families: list[str], values: dict[str, tuple[float, float]]) -> str | None:
         candidates = [label for label, family in self.family.items() if family in families and label in values]
@@ -107,7 +120,9 @@ class Checker:
         self.per_seed = {"more": epochs or {}, "faster": speeds or {}}
         self.measured: list[Measured] = []  # the current claim's pairs with an interval
 
-    def more(self, pair: list[str], threshold: float, kind: str = "more") -> tuple[str, str | None]:
+    def more(
+        self, pair: list[str], threshold: float, kind: str = "more", varies: list[str] | None = None
+    ) -> tuple[str, str | None]:
         """One per-seed pair [a, b] (PER_SEED: `more`, b takes more epochs to its best validation than a; `faster`, b
         trains more tokens per second than a): b's value over a's less 1, per seed."""
         a, b = pair
@@ -121,6 +136,8 @@ class Checker:
             return f"{a} to {b}: not measured (no seed run in both)", None
         mean_a, mean_b = (np.mean([values[row][s] for s in seeds]) for row in pair)
         head = f"{a} to {b}: {what} {mean_a:,.{unit}f} against {mean_b:,.{unit}f}, {pct(float(np.mean(ratios)))}"
+        if a in self.numbers.config and b in self.numbers.config and (why := self.numbers.confounds(a, b, varies)):
+            return f"{head}: {why}", CONFOUNDED
         bounds = seed_interval(ratios)
         if bounds is None:
             return f"{head}; no interval: 1 seed", INCONCLUSIVE
@@ -139,7 +156,9 @@ class Checker:
         longer = [label for label in values if label.startswith(f"{row} ")]
         return longer[0] if row not in values and len(longer) == 1 else row
 
-    def pair(self, pair: list[Any], kind: str, threshold: float) -> tuple[str, str | None]:
+    def pair(
+        self, pair: list[Any], kind: str, threshold: float, varies: list[str] | None = None
+    ) -> tuple[str, str | None]:
         """One pair: its line and its verdict (None when not measured)."""
         ours = self.numbers.ours
         baseline, model = (self._resolve(row, ours) for row in pair)
@@ -154,6 +173,8 @@ class Checker:
             return f"{names[0]} over {names[1]}: not measured ({', '.join(missing)}: no finished run){paper}", None
         b, m = ours[baseline][1], ours[model][1]
         head = f"{baseline} over {model}: test {b:.1f} against {m:.1f}, {pct(b / m - 1)}"
+        if why := self.numbers.confounds(baseline, model, varies):
+            return f"{head}: {why}{paper}", CONFOUNDED
         difference = self.evidence.compare(baseline, model)
         if difference is None:
             return f"{head}; {NO_SCORES}{paper}", INCONCLUSIVE
@@ -169,12 +190,12 @@ class Checker:
         lines, verdicts, self.measured = [], [], []
         for kind, threshold in (("better", spec.get("by", 0.0)), ("equivalent", spec.get("margin", 0.0))):
             for pair in spec.get(kind, []):
-                line, verdict = self.pair(pair, kind, threshold)
+                line, verdict = self.pair(pair, kind, threshold, spec.get("varies"))
                 lines.append(line)
                 verdicts.append(verdict)
         for kind in PER_SEED:
             for pair in spec.get(kind, []):
-                line, verdict = self.more(pair, spec.get("by", 0.0), kind)
+                line, verdict = self.more(pair, spec.get("by", 0.0), kind, spec.get("varies"))
                 lines.append(line)
                 verdicts.append(verdict)
         if "margin" in spec:
@@ -183,11 +204,13 @@ class Checker:
 
 
 def combine(verdicts: list[str | None]) -> str:
-    """A claim's verdict from its pairs': any fails -> fails; all hold -> holds; else inconclusive; pairs not
-    measured leave it "holds on the rows measured" at best."""
+    """A claim's verdict from its pairs': any confounded -> confounded (it compares more than it names); any fails ->
+    fails; all hold -> holds; else inconclusive; pairs not measured leave it "holds on the rows measured" at best."""
     measured = [v for v in verdicts if v is not None]
     if not measured:
         return NOT_MEASURED
+    if CONFOUNDED in measured:
+        return CONFOUNDED
     if FAILS in measured:
         return FAILS
     if INCONCLUSIVE in measured:

@@ -32,6 +32,7 @@ DIRTY_NOTE = (
 COLUMN_FIELDS = {
     "best_epoch": ("best_epoch", "best_epoch_std"),
     "improving": ("improving",),
+    "seed_epochs": ("seed_epochs",),
     "test_range": ("test_ppl_min", "test_ppl_max"),
     "train_speed": ("train_speed", "train_speed_std"),
 }
@@ -104,15 +105,20 @@ def _recipe_line(report: Report) -> tuple[str, ...]:
     configs = [c for _, c in rows]
     if not configs:
         return ()
-    how = ("optim.", "trainer.precision", "trainer.max_epochs")
+    how = (
+        "optim.",
+        "trainer.precision",
+        "trainer.max_epochs",
+        "trainer.limit_val_batches",
+        "callbacks.early_stopping.",
+    )
     keys = sorted({k for c in configs for k in c if k.startswith(how)})
     # a family's own knobs (an LSTM's width, say), beside the columns of the paper's table, say what a row is
     knobs = sorted({k for c in configs for k in c if k.startswith("model.") and k[6:] not in (*COLUMNS, "_target_")})
     shared = [k for k in keys if all(c.get(k) == configs[0].get(k) for c in configs)]
-    line = (
-        f"Training recipe of the trained rows (what they share): {', '.join(f'{k}={configs[0][k]}' for k in shared)}. "
-        "Every perplexity is the exact softmax over every token of its split, whatever the training used."
-    )
+    exact = "Every perplexity is the exact softmax over every token of its split, whatever the training used."
+    recipe = ", ".join(f"{k}={configs[0][k]}" for k in shared)
+    line = f"Training recipe of the trained rows (what they share): {recipe}. {exact}" if shared else exact
     differing = [k for k in knobs if not all(c.get(k) == configs[0].get(k) for c in configs)]
     if len(shared) == len(keys) and not differing:
         return (line,)
@@ -179,7 +185,7 @@ def _learned_sections(report: Report) -> list[Section]:
     where = f"{learned.label}, run {learned.run_id[:8]} (the best trained row on validation); its map is a figure."
     return [
         Section(
-            "What the best trained row's word features learned: nearest words (cosine similarity)",
+            "What the best trained row's word features learned: nearest words (centred cosine similarity)",
             paragraphs=(where,),
             items=tuple(Item(line) for line in learned.neighbours),
         ),
@@ -220,10 +226,10 @@ def _recipe_sections(report: Report) -> list[Section]:
 def _markdown_table(frame: pd.DataFrame) -> str:
     """A plain table as pandas writes it; the main table's two header levels as one (the split over `ours`)."""
     if not isinstance(frame.columns, pd.MultiIndex):
-        return frame.to_markdown(index=False)
+        return frame.to_markdown(index=False, disable_numparse=True)  # a number as written: 257.0 stays 257.0
     headers = [top if sub == "ours" else sub for top, sub in frame.columns]
     align = ["left" if sub in ("row", "seeds") else "right" for _, sub in frame.columns]
-    return frame.to_markdown(index=False, headers=headers, colalign=align)
+    return frame.to_markdown(index=False, headers=headers, colalign=align, disable_numparse=True)
 
 
 def _markdown_blocks(section: Section, level: int) -> list[str]:

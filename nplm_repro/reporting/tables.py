@@ -4,6 +4,7 @@ tried per row, the claims checked, and everything else a report says, before any
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,16 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
-from nplm_repro.paper import COLUMNS, FAMILY_NAMES, PAPER_SETUP, PAPER_TABLES, label, paper_table, row_key
+from nplm_repro.paper import (
+    COLUMNS,
+    FAMILY_NAMES,
+    PAPER_SETUP,
+    PAPER_TABLES,
+    label,
+    own_name,
+    paper_table,
+    row_key,
+)
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std
@@ -71,19 +81,20 @@ def other_study_table(corpus: str, configs: pd.DataFrame) -> tuple[pd.DataFrame,
     paper = paper_table(study) if study else pd.DataFrame(columns=["row", "family", *COLUMNS])
     by_columns = {row_key(r["family"], r): r for _, r in paper.iterrows()}
     matched = [by_columns.get(row_key(r["family"], r)) for _, r in table.iterrows()]
-    # a paper's family is named by its columns (MLP n=5 h=50 ...); another by its row tag, else its label
+    # a paper row by its name; another configuration of a paper's family by its own row tag (MLP searched), else by
+    # its columns (MLP n=5 h=50 ...); another family's by its row tag, else its label
     table["row"] = [
-        m["row"] if m is not None else FAMILY_NAMES.get(r["family"]) or r["row_tag"] or r["family_label"]
+        m["row"]
+        if m is not None
+        else own_name(r["row_tag"]) or FAMILY_NAMES.get(r["family"]) or r["row_tag"] or r["family_label"]
         for m, (_, r) in zip(matched, table.iterrows())
     ]
-    # the keys that tell configurations apart: among the paper's families, those that vary between any of them; among
-    # the others, those that vary between configurations of one row name
-    paper_family = table["family"].isin(list(FAMILY_NAMES))
-    extras = {name: varying_keys(group) for name, group in table[~paper_family].groupby("row", sort=False)}
-    extras |= dict.fromkeys(table.loc[paper_family, "row"], varying_keys(table[paper_family]))
+    # the keys that tell the configurations of one row name apart (its label and a column each); two rows of other
+    # names are told apart by their names
+    extras = {name: varying_keys(group) for name, group in table.groupby("row", sort=False)}
     extra = sorted({k for keys in extras.values() for k in keys})
     for key in extra:
-        table[key] = [json.loads(c).get(key, "") for c in table["config"]]
+        table[key] = [short(json.loads(c).get(key, "")) for c in table["config"]]
     papers = [
         m if m is not None and all(json.loads(c).get(k, v) == v for k, v in PAPER_SETUP.items()) else None
         for m, c in zip(matched, table["config"])
@@ -102,6 +113,16 @@ def other_study_table(corpus: str, configs: pd.DataFrame) -> tuple[pd.DataFrame,
     return table, extra
 
 
+def short(value: str) -> str:
+    """A configuration's value as a reader reads it: a fraction to 3 significant digits (a searched learning rate
+    0.000492264 is 0.000492), anything else as it is."""
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return value if number.is_integer() or not math.isfinite(number) else f"{number:.3g}"
+
+
 def best_epochs(curves: dict[str, list[tuple[str, list[float]]]], seeds: dict[str, str]) -> dict[str, dict[str, float]]:
     """Per row label, per seed: the epoch (from 1) of the run's lowest validation perplexity, the checkpoint it
     reports; a row whose runs never validated has none."""
@@ -118,6 +139,15 @@ def improving(curves: dict[str, list[tuple[str, list[float]]]], label: str) -> s
     runs = [values for _, values in curves.get(label, []) if values]
     stopped = sum(int(np.argmin(values)) == len(values) - 1 for values in runs)
     return f"{stopped} of {len(runs)}" if runs else ""
+
+
+def seed_epochs(curves: dict[str, list[tuple[str, list[float]]]], seeds: dict[str, str], label: str) -> str:
+    """Each seed's epoch of its best validation, by seed, `*` where that was its last validation (it stopped still
+    improving: by max_epochs, max_time or a budget), `14 (1), 30* (2)`; '' for a row never validated."""
+    runs = sorted((seeds.get(run_id, ""), values) for run_id, values in curves.get(label, []) if values)
+    return ", ".join(
+        f"{int(np.argmin(v)) + 1}{'*' if int(np.argmin(v)) == len(v) - 1 else ''} ({seed})" for seed, v in runs
+    )
 
 
 def with_per_seed(table: pd.DataFrame, name: str, values: dict[str, dict[str, float]]) -> pd.DataFrame:
@@ -258,7 +288,10 @@ def build(
     seeds = dict(zip(runs["run_id"], runs["seed"]))
     epochs, speeds = best_epochs(curves, seeds), training_speeds(uri, table, seeds)
     table = with_per_seed(with_per_seed(table, "best_epoch", epochs), "train_speed", speeds)
-    table = table.assign(improving=[improving(curves, label) for label in table["label"]])
+    table = table.assign(
+        improving=[improving(curves, label) for label in table["label"]],
+        seed_epochs=[seed_epochs(curves, seeds, label) for label in table["label"]],
+    )
     claims = check_claims(spec.get("claims") or [], table, evidence, epochs, speeds)
     if plan:
         table1 = fast_rows(plan, all_runs, fingerprint)
@@ -325,7 +358,8 @@ def _seeds(row: pd.Series) -> str:
 
 def display(report: Report) -> pd.DataFrame:
     """The table as text: ours (mean ± std over seeds), the paper's and the relative difference per split."""
-    keys = ["row", *COLUMNS, *report.extra]
+    filled = [c for c in COLUMNS if report.table[c].map(lambda v: present(v) and v != "").any()]
+    keys = ["row", *filled, *report.extra]  # a paper column no row has (an LSTM's n) is left out
     frame = {("", k): report.table[k] for k in keys}
     frame[("", "row")] = report.table["row"].where(~report.marked, report.table["row"] + DIRTY_MARK)
     for split in SPLITS:
@@ -342,6 +376,8 @@ def display(report: Report) -> pd.DataFrame:
         frame[("", "best epoch")] = report.table.apply(_best_epoch, axis=1)
     if "improving" in columns:
         frame[("", "improving at the end")] = report.table["improving"]
+    if "seed_epochs" in columns:
+        frame[("", "best epoch (seed), * still improving")] = report.table["seed_epochs"]
     if "train_speed" in columns:
         frame[("", "training tokens/s")] = report.table.apply(_train_speed, axis=1)
     frame[("", "seeds")] = report.table.apply(_seeds, axis=1)

@@ -1,7 +1,8 @@
 """What an MLP run's word features learned, as artifacts of the run (`features/`), for the dashboard and the report:
 
-- `neighbours.md`: the nearest words (cosine similarity of C's rows) of probe words: frequent words of several kinds
-  and the paper's own example words (p.1139), those in the vocabulary;
+- `neighbours.md`: the nearest words (centred cosine similarity of C's rows) of probe words, among words seen at least
+  50 times in training: frequent words of several kinds and the paper's own example words (p.1139), those seen as
+  often;
 - `map.png`: the most frequent words laid out on the first two principal components of their rows of C;
 - `sentences.md`: the paper's motivating example (p.1139), "The cat is walking in the bedroom" and "A dog was running
   in a room": P of each word given the words before it (a sentence starts as a text does, after `<eot>`), under
@@ -33,12 +34,16 @@ PROBES = (
 SENTENCES = ("The cat is walking in the bedroom", "A dog was running in a room")
 MAP_WORDS, LABELLED = 300, 200  # words on the map; the most frequent of them that may carry a label
 MARKS = (UNK, END_OF_PARAGRAPH, END_OF_TEXT)
+MIN_COUNT = 50  # training occurrences a word needs to be listed as a probe or a neighbour
 
 
 def neighbours(module: LanguageModule, corpus: Corpus, k: int = 10) -> list[str]:
-    """One line per probe word of the vocabulary: its k nearest words and their cosine similarities."""
-    present = [w for w in PROBES if w in corpus.vocab]
-    found = nearest(module.word_features(), [corpus.vocab.index(w) for w in present], k)
+    """One line per probe word seen at least MIN_COUNT times in training: its k nearest words among those seen as
+    often, by centred cosine similarity (`nearest`); a rarer word's features are too seldom trained to say anything."""
+    start, end = corpus.bounds["train"]
+    seen = torch.bincount(corpus.ids[start:end], minlength=corpus.vocab_size) >= MIN_COUNT
+    present = [w for w in PROBES if w in corpus.vocab and seen[corpus.vocab.index(w)]]
+    found = nearest(module.word_features(), [corpus.vocab.index(w) for w in present], k, among=seen)
     return [f"{w}: " + ", ".join(f"{corpus.vocab[i]} {s:.2f}" for i, s in near) for w, near in zip(present, found)]
 
 
@@ -111,7 +116,8 @@ def log_features(client: mlflow.MlflowClient, run_id: str, module: LanguageModul
         folder = Path(tmp)
         near = "\n".join(f"- {line}" for line in neighbours(module, corpus))
         (folder / "neighbours.md").write_text(
-            f"# {title}: nearest words by word features (cosine similarity)\n\n{near}\n"
+            f"# {title}: nearest words by word features (centred cosine similarity, words seen {MIN_COUNT}+ times)\n\n"
+            f"{near}\n"
         )
         said = "\n".join(f"- {line}" for line in sentences(module, corpus))
         (folder / "sentences.md").write_text(f"# {title}: the paper's example sentences\n\n{said}\n")

@@ -30,6 +30,9 @@ FAMILY_IDS = {  # never imported: names only
 }
 FROZEN = {"mlp": {"mix": "none"}}  # model keys a family lost, as key version 1 hashed them
 SAMPLING_KEYS = ("output", "samples", "proposal", "estimator")  # optim's, for optim.output=sampled only
+# What `without_unused` leaves out of a trained run's key, read back where two runs are told apart (a report's labels,
+# a claim's arms): an exact run trained the softmax over V with exact gradients.
+IMPLIED = {"model.output": "standard", "optim.output": "exact"}
 
 # Keys that record where or how a job ran, not what it computed: left out of `config_key`. The row name is
 # left out too: the MLP a mixed row trains for itself (no row) is the same run as its own row's.

@@ -42,7 +42,7 @@ from nplm_repro.tracking.config_checks import check_sizes
 from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.finding import find_finished, search
 from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.keys import config_key, family_of, model_key, trains
+from nplm_repro.tracking.keys import config_key, family, family_of, model_key, trains
 from nplm_repro.tracking.locks import config_lock, mlp_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
 from nplm_repro.tracking.redaction import redact
@@ -161,7 +161,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     own = trains(cfg)
     output = cfg.optim.output if own else None
     variants = {}
-    for precision in choices(cfg.trainer.precision, output):
+    for precision in choices(cfg.trainer.precision, output, family(cfg)):
         variants[precision] = cfg.copy()
         variants[precision].trainer.precision = precision
     keys = {p: config_key(v, corpus.fingerprint, parts) for p, v in variants.items()}
@@ -212,7 +212,7 @@ def settle_precision(
                 log.info("precision=auto -> %s, as run %s of this job resolved it", precision, run.info.run_id)
                 tags = {k: v for k, v in run.data.tags.items() if k.startswith("precision.")}
                 return precision, tags if output is not None else {}
-    return job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output)
+    return job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output, family(cfg))
 
 
 def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:

@@ -32,7 +32,7 @@ from nplm_repro.paper import (
     paper_table,
     row_key,
 )
-from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, without_unused
+from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, IMPLIED, without_unused
 from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
 
@@ -117,7 +117,8 @@ def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
     model = {k.removeprefix("model."): v for k, v in config.items() if k.startswith("model.")}
     used = {f"model.{k}": v for k, v in without_unused({"model": model})["model"].items()}
     config = {k: v for k, v in config.items() if not k.startswith("model.")} | used
-    return dict(sorted((DEFAULTS_BEFORE.get(family, {}) | config).items()))
+    implied = IMPLIED if kind == "trained" else {}  # an exact run's output layer, which its key leaves out
+    return dict(sorted((DEFAULTS_BEFORE.get(family, {}) | implied | config).items()))
 
 
 def _kind(run: pd.Series, family: str) -> tuple[str, str, str]:

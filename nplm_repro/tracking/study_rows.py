@@ -27,7 +27,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.errors import NplmError, one_line
@@ -38,9 +38,13 @@ from nplm_repro.paper import (
     PAPER_TABLES,
     PAPER_TRIGRAM,
     ROW_NAMES,
+    own_name,
     paper_table,
     row_key,
 )
+from nplm_repro.studies import CLAIM_KINDS, row_name
+from nplm_repro.tracking.confounds import allowed, confounded, differences
+from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, trains, without_unused
 from nplm_repro.tracking.runs import MIX
 
 log = logging.getLogger(__name__)
@@ -112,29 +116,85 @@ def row_names(job: DictConfig) -> frozenset[str] | None:
     values = columns(job.model) if family in FAMILY_NAMES else mixed_mlp(job.model)
     if values is not None:
         family = family if family in FAMILY_NAMES else PAPER_MODEL
-        return _paper_rows().get(row_key(family, values)) or frozenset({FAMILY_NAMES[family]})
+        own = own_name(row) if row else None
+        return _paper_rows().get(row_key(family, values)) or frozenset({own or FAMILY_NAMES[family]})
     return frozenset({ROW_NAMES.get(row, row)}) if row else None
 
 
-def declared_rows(
+def composed(
     params: dict[str, Any], compose_job: Callable[[list[str]], DictConfig], where: str
-) -> set[str] | None:
-    """The names of the rows the jobs of `params` (a study's `hydra.sweeper.params`) give, each job composed by
-    `compose_job`; None when one is not known (`row_names`), or when the jobs do not compose here (a warning: the
-    claims are then not checked, and what does not compose is said where it runs)."""
-    names: set[str] = set()
+) -> list[DictConfig] | None:
+    """The jobs of `params` (a study's `hydra.sweeper.params`), less their seeds, each composed by `compose_job`; None
+    when they do not compose here (a warning: the claims are then not checked, and what does not compose is said
+    where it runs)."""
     jobs = dict.fromkeys(less_seed(job) for job in expand([f"{k}={v}" for k, v in params.items()]))
     try:
-        for job in jobs:
-            found = row_names(compose_job(list(job)))
-            if found is None:
-                return None
-            names |= found
+        return [compose_job(list(job)) for job in jobs]
     except (HydraException, OmegaConfBaseException, yaml.YAMLError, NplmError) as error:
         why = one_line(error)
         log.warning("%s: the rows its claims name are not checked: its jobs do not compose (%s)", where, why)
         return None
-    return names
+
+
+def declared_rows(jobs: list[DictConfig] | None) -> set[str] | None:
+    """The names of the rows the composed `jobs` give; None when one is not known (`row_names`) or the jobs did not
+    compose (`composed`)."""
+    names: set[str] = set()
+    for job in jobs or []:
+        found = row_names(job)
+        if found is None:
+            return None
+        names |= found
+    return None if jobs is None else names
+
+
+def job_config(job: DictConfig) -> dict[str, str]:
+    """A composed job's configuration as its run's params will hold it (tracking/runs.py `_config`): the dotted keys
+    of its data, model, optimiser, trainer and early stopping, less bookkeeping and the knobs it will not use."""
+    tree = {g: OmegaConf.to_container(job[g], resolve=True) for g in ("data", "model", "optim", "trainer")}
+    tree["callbacks"] = {"early_stopping": OmegaConf.to_container(job.callbacks.early_stopping, resolve=True)}
+    tree["model"].pop("_target_", None)
+    flat: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        elif not prefix.startswith(BOOKKEEPING):
+            flat[prefix] = str(node)
+
+    walk(without_unused(tree), "")
+    return IMPLIED | flat
+
+
+def check_controlled(spec: dict[str, Any], jobs: list[DictConfig], where: str) -> None:
+    """NplmError on a claim whose two rows' jobs already differ, as composed, in a key the claim does not name
+    (tracking/confounds.py): its report could only call it confounded. A row is matched by its name and the `key=value`
+    words of its label; a side no job matches (a precision `auto` will choose) is checked by the report instead."""
+    configs = [(row_names(job) or frozenset(), job_config(job), job) for job in jobs]
+
+    def matching(label: str) -> tuple[dict[str, str], DictConfig] | None:
+        words = dict(word.split("=", 1) for word in label.split() if "=" in word)
+        for names, config, job in configs:
+            values = config | columns(job.model)  # a paper column's word (h=50, direct=no) as its row shows it
+            if row_name(label) in names and all(values.get(k) == v for k, v in words.items()):
+                return config, job
+        return None
+
+    for claim in spec.get("claims") or []:
+        for kind in CLAIM_KINDS:
+            for pair in claim.get(kind) or []:
+                if not all(isinstance(row, str) for row in pair):
+                    continue
+                a, b = (matching(row) for row in pair)
+                if a is None or b is None:
+                    continue
+                found = differences(a[0], b[0], allowed(*pair, claim.get("varies")), trains(a[1]) and trains(b[1]))
+                if found:
+                    raise NplmError(
+                        f"{where}: claim {claim['claim']!r}, {pair[0]} against {pair[1]}: {confounded(found)}; run "
+                        f"them alike, or name the keys in the claim's `varies`"
+                    )
 
 
 def study_rows(study: str, path: Path | None, where: str) -> set[str] | None:
@@ -163,4 +223,4 @@ def study_rows(study: str, path: Path | None, where: str) -> set[str] | None:
         def compose_job(job: list[str]) -> DictConfig:
             return compose("config", overrides=[*chosen, *job], return_hydra_config=True)
 
-        return declared_rows(sweeper["params"], compose_job, where)
+        return declared_rows(composed(sweeper["params"], compose_job, where))

@@ -65,7 +65,14 @@ from nplm_repro.tracking.records import RESUMED_IN
 from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.registry import register_best
 from nplm_repro.tracking.store import check_store, ensure_experiment
-from nplm_repro.tracking.study_rows import BASIC_SWEEPER, declared_rows, expand, less_seed
+from nplm_repro.tracking.study_rows import (
+    BASIC_SWEEPER,
+    check_controlled,
+    composed,
+    declared_rows,
+    expand,
+    less_seed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +113,8 @@ def jobs(config: DictConfig) -> list[list[str]]:
 def check_declaration(config: DictConfig) -> None:
     """What the study declares for its report (`reporting`), as its report will read it (studies.py `checked`: its
     keys, its claims' kinds) and every row its claims name one that the study file's jobs give (`declared_rows`):
-    a typo is one line before any job, not a warning once every job has run and a report or a claim missing."""
+    a typo is one line before any job, not a warning once every job has run and a report or a claim missing; and
+    no claim on two rows whose jobs already differ in a key it does not name (`check_controlled`)."""
     if config.get("reporting") is None:
         return
     study = config.hydra.runtime.choices.get("study")  # the study file chosen, null for `+reporting...` alone
@@ -116,8 +124,9 @@ def check_declaration(config: DictConfig) -> None:
         return
     loader = GlobalHydra.instance().config_loader()
     params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=False)
-    rows = declared_rows(params, lambda job: loader.load_sweep_config(config, [f"study={study}", *job]), where)
-    check_claimed_rows(spec, rows, where)
+    composed_jobs = composed(params, lambda job: loader.load_sweep_config(config, [f"study={study}", *job]), where)
+    check_claimed_rows(spec, declared_rows(composed_jobs), where)
+    check_controlled(spec, composed_jobs or [], where)
 
 
 NAMED = 5  # jobs named in a refusal, then how many more
