@@ -22,6 +22,7 @@ from nplm_repro.reporting.formats import mean_std, pct
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.studies import declaration
 from nplm_repro.tracking.best import finished_rows
+from nplm_repro.tracking.keys import IMPLIED
 from nplm_repro.tracking.runs import present
 
 Optim = dict[str, float | str | None]  # param -> value; None: the run has no such param (the knob is off)
@@ -70,7 +71,7 @@ class Recipe:
 def _is(config: dict[str, str], optim: Optim) -> bool:
     """Whether a configuration (params as MLflow keeps them, strings) has exactly this optimiser."""
     for key, value in optim.items():
-        have = config.get(key)
+        have = config.get(key, IMPLIED.get(key))  # a key its run leaves out has its implied value (exact training)
         if value is None or isinstance(value, str):
             if have != value:
                 return False

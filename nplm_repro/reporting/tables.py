@@ -331,7 +331,7 @@ def fast_rows(plan: recipe.Recipe, all_runs: pd.DataFrame, fingerprint: str) -> 
     attempts left out), n-gram rows included, on this data; None when it has no such finished row."""
     runs = all_runs[(all_runs["study"] == plan.against) & (all_runs["fingerprint"] == fingerprint)]
     configs = [json.loads(c) for c in runs["config"]]
-    fast = [c.get("optim.recipe", "fast") == "fast" and "optim.output" not in c for c in configs]
+    fast = [c.get("optim.recipe", "fast") == "fast" and c.get("optim.output", "exact") == "exact" for c in configs]
     runs = runs[pd.Series(fast, index=runs.index, dtype=bool)]
     if not (runs["state"] == "finished").any():
         return None
