@@ -95,3 +95,24 @@ def test_a_sweep_refuses_a_cycle_of_mixtures_and_a_component_two_configurations_
     with pytest.raises(NplmError, match=r"declare \(experiment=kn3, experiment=kn5\): give each its own row name"):
         check_components(shared)
     check_components({"Kneser-Ney back-off": {"experiment=kn3": [], "experiment=kn5": []}})  # no one mixes it
+
+
+def test_a_row_mixed_with_another_seed_of_itself_mixes_two_runs_counting_round_the_seeds(store: str) -> None:
+    """The control of a mixture claim (experiment=lstm_lstm's shape, on a small MLP): seed 1 mixes the row's runs of
+    seeds 1 and 2, seed 2 those of 2 and 1; each weight is logged under its own name, and two runs of one model
+    mixed beat each alone."""
+    mlp = ("experiment=mlp5", "model.m=8", "model.h=8", "trainer.max_epochs=1", "trainer.precision=32-true")
+    runs = {seed: ledger.run(job(store, *mlp, f"seed={seed}"))[0] for seed in (1, 2)}
+    control = ("model=mixture", "row='MLP5 + MLP5'", "model.components=[MLP5,MLP5]", "model.mode=learned")
+    shifted = (*control, "+model.seed_shift=[0,1]", "+model.seeds=2")
+    client = mlflow.MlflowClient(store)
+    for seed, other in ((1, 2), (2, 1)):
+        run_id, metrics = ledger.run(job(store, *shifted, f"seed={seed}"))
+        run = client.get_run(run_id)
+        assert run.data.tags["base_run_id"].split(",") == [runs[seed], runs[other]], run.data.tags["base_run_id"]
+        assert {"mix.lambda.MLP5", "mix.lambda.MLP5 seed shift 1"} <= set(run.data.params)
+        assert metrics["test_ppl"] < min(metrics["component_1_test_ppl"], metrics["component_2_test_ppl"])
+    with pytest.raises(NplmError, match=r"^model.components names one run twice \(MLP5, MLP5\)"):
+        check_config(job(store, *control))
+    with pytest.raises(NplmError, match=r"^model.seed_shift needs model.seeds"):
+        check_config(job(store, *control, "+model.seed_shift=[0,1]"))

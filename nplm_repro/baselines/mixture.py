@@ -37,6 +37,20 @@ def param_name(row: str) -> str:
     return re.sub(r"[^\w\-./: ]", "_", row.replace("+", "plus"))
 
 
+def components(cfg: Any) -> list[str]:
+    """The names of the runs a mixture mixes, each its row's (`model.components`), and for a component of another
+    seed its shift: `[LSTM, LSTM seed shift 1]` is the LSTM of the mixture's seed and the LSTM of the next
+    (`model.seed_shift: [0, 1]`); its weight is the param `mix.lambda.LSTM seed shift 1`."""
+    shifts = cfg.model.get("seed_shift") or [0] * len(cfg.model.components)
+    return [f"{name} seed shift {k}" if k else str(name) for name, k in zip(cfg.model.components, shifts)]
+
+
+def component_seed(seed: int, shift: int, seeds: int | None) -> int:
+    """The seed of a component `shift` seeds after the mixture's own `seed`, counting round seeds 1 to `seeds`: with
+    3 seeds, seed 3's next is seed 1, so every seed of the mixture mixes two different runs of the row."""
+    return seed if not shift else (seed - 1 + shift) % int(seeds or 1) + 1
+
+
 class Mixture(Family):
     """`model=mixture`: finished rows of the same study mixed, P = sum_k lambda_k(q_t) P_k, by their kept scores.
 
@@ -60,31 +74,53 @@ class Mixture(Family):
                 isinstance(v, Sequence)
                 and not isinstance(v, str)
                 and len(v) >= 2
-                and len(set(v)) == len(v)
                 and all(isinstance(x, str) and x.strip() for x in v)
             ),
-            "a list of at least two different row names",
+            "a list of at least two row names",
+        )
+        shifts: Rule = (
+            lambda v: v is None
+            or (
+                isinstance(v, Sequence)
+                and len(v) == len(cfg.model.components)
+                and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in v)
+            ),
+            "null, or one whole number >= 0 per component (its seed after the mixture's own, among model.seeds)",
+        )
+        seeds: Rule = (
+            lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+            "the number of seeds a shifted component's seed counts round (3: seeds 1 to 3), or null",
         )
         study: Rule = (
             lambda v: v is None or (isinstance(v, str) and re.fullmatch(r"\w+", v) is not None),
             "a study's name (brown_table1), or null",
         )
-        return {"model.components": components, "model.mode": one_of(*MIX_MODES[1:]), "model.from_study": study}
+        rules = {"model.components": components, "model.mode": one_of(*MIX_MODES[1:]), "model.from_study": study}
+        return rules | {"model.seed_shift": shifts, "model.seeds": seeds}
 
     @classmethod
     def check(cls, cfg: Any) -> None:
         """A row cannot mix itself (its components are found when it runs: a cycle through other rows is the sweep's
-        to refuse, which sees every row, tracking/sweep.py)."""
+        to refuse, which sees every row, tracking/sweep.py), nor one run twice: a row named twice is two of its
+        seeds (`model.seed_shift`), and a shifted seed counts round `model.seeds`."""
         if cfg.get("row") in cfg.model.components and cfg.model.get("from_study") in (None, cfg.get("study")):
             raise NplmError(f"model.components names row {cfg.row!r}, the row itself: a mixture cannot mix itself")
+        parts = components(cfg)
+        if len(set(parts)) != len(parts):
+            raise NplmError(
+                f"model.components names one run twice ({', '.join(parts)}): a row mixed with itself needs another "
+                "seed, model.seed_shift: [0, 1]"
+            )
+        if any(parts[i] != name for i, name in enumerate(cfg.model.components)) and not cfg.model.get("seeds"):
+            raise NplmError("model.seed_shift needs model.seeds: how many seeds a shifted seed counts round (3)")
 
     @classmethod
     def fit_run(cls, cfg: Any, corpus: Corpus, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:
-        return job.mix(list(cfg.model.components), cfg.model.mode)
+        return job.mix(components(cfg), cfg.model.mode)
 
     @classmethod
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
-        return run.mixed(tokens, list(run.cfg.model.components), run.cfg.model.mode)
+        return run.mixed(tokens, components(run.cfg), run.cfg.model.mode)
 
     def __init__(self, components: Sequence[str], mode: str) -> None:
         self.components, self.mode = list(components), mode

@@ -12,6 +12,7 @@ import mlflow
 from mlflow.entities import Run
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from nplm_repro.baselines.mixture import component_seed
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
@@ -88,12 +89,14 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
     of = cfg.model.get("from_study") or cfg.get("study")
     study = f"tags.study = '{of}'" if of else "tags.study IS NULL"
     found = []
-    for name in cfg.model.components:
+    shifts = cfg.model.get("seed_shift") or [0] * len(cfg.model.components)
+    for name, shift in zip(cfg.model.components, shifts):
+        seed = component_seed(cfg.seed, shift, cfg.model.get("seeds"))  # another seed's run of the row, if shifted
         while True:
             runs = search(
                 uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'"
             )
-            seeded = [r for r in runs if r.data.params.get("seed") == str(cfg.seed)]
+            seeded = [r for r in runs if r.data.params.get("seed") == str(seed)]
             if not any(r.info.status == "FINISHED" for r in seeded) and any(seedless(r) for r in runs):
                 finished = [r for r in runs if r.info.status == "FINISHED" and seedless(r)]
                 seeded = [r for r in runs if r.data.params.get("seed") == (finished or runs)[0].data.params.get("seed")]
@@ -105,14 +108,14 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
                 break
             if not live:
                 why = (
-                    f"model.components: no finished run of row {name!r} with seed {cfg.seed} in study "
+                    f"model.components: no finished run of row {name!r} with seed {seed} in study "
                     f"{of or '(none)'} on this data"
                 )
                 if any(r.info.status == "FAILED" for r in seeded):
                     raise ComponentFailed(f"{why}: its run failed, so this mixture fails with it")
                 raise NplmError(f"{why}: run that row first (a mixed row comes after its rows)")
             report_status(state=f"waiting for {name}")
-            log.info("component %s (seed %s) is still running: waiting for it", name, cfg.seed)
+            log.info("component %s (seed %s) is still running: waiting for it", name, seed)
             time.sleep(WAIT_SECONDS)
     return found
 
