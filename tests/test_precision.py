@@ -32,12 +32,12 @@ def test_a_job_computes_in_the_resolved_precision_sampled_in_float32_a_count_in_
 ) -> None:
     """What the ledger keys and tags a job with: sampled training in 32-true whatever the config says, unprobed; an
     exact model of a family shown neutral to bfloat16 in what auto resolves to, with the probe's tags; a counted
-    n-gram the same precision (its config key has always held it) but no tags, as it computes in none."""
+    n-gram 32-true on every CPU, untagged, as it computes in none."""
     monkeypatch.setattr(precision, "NEUTRAL", {"mlp": "holds"})
     assert job_precision("auto", "cpu", "sampled", "mlp") == ("32-true", {}) and not cache.exists()
     chosen, tags = job_precision("auto", "cpu", "exact", "mlp")
     assert chosen in ("32-true", "bf16-mixed") and tags["precision.auto"].startswith(chosen)
-    assert job_precision("auto", "cpu", None, "kneser_ney") == (chosen, {})
+    assert job_precision("auto", "cpu", None, "kneser_ney") == ("32-true", {})
     assert job_precision("bf16-mixed", "cpu", "exact", "lstm") == ("bf16-mixed", {})
     assert job_precision("bf16-mixed", "cpu", None, "kneser_ney") == ("bf16-mixed", {})
 

@@ -182,8 +182,8 @@ def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, s
 
 def choices(precision: str, output: str | None, family: str | None = None) -> tuple[str, ...]:
     """The precisions a job may compute in before the probe has spoken: both for `auto` on a family it may train in
-    bf16-mixed (NEUTRAL: its run may already have resolved it, which the ledger reads from the run), else the one
-    `job_precision` gives without probing."""
+    bf16-mixed (NEUTRAL: its run may already have resolved it, which the ledger reads from the run) and on a counted
+    model (a store may hold its run under the precision the probe gave before), else the one `job_precision` gives."""
     if precision == "auto" and output != "sampled" and (output is None or family in NEUTRAL):
         return PRECISIONS
     return ("32-true",) if output == "sampled" or precision == "auto" else (precision,)
@@ -197,12 +197,12 @@ def job_precision(
 
     Sampled training computes in float32 whatever the config says (it allows auto or 32-true: bf16-mixed would be
     recorded but not used). Under `auto` a trained family not shown neutral to bfloat16 (NEUTRAL) trains in 32-true,
-    unprobed, and its tag says why. A counted model computes in no precision, so it keeps no tags; `auto` is resolved
-    all the same, as it always was: the config key of its run holds the result.
+    unprobed, and its tag says why. A counted model computes in no precision: under `auto` its key says 32-true on
+    every CPU (a run a store keyed bf16-mixed before is still found: `choices`), and it keeps no tags.
     """
-    if output == "sampled":
+    if output == "sampled" or (precision == "auto" and output is None):
         return "32-true", {}
-    if precision == "auto" and output is not None and family not in NEUTRAL:
+    if precision == "auto" and family not in NEUTRAL:
         why = f"32-true: bf16-mixed is not shown to leave {family}'s perplexity unchanged ({STUDY})"
         log.info("precision=auto -> %s", why)
         return "32-true", {"precision.auto": why}
