@@ -265,15 +265,16 @@ def test_every_figure_of_a_report_keeps_the_rules(name: str, reports: dict[str, 
 
 
 def test_long_configurations_are_told_apart_in_40_characters(reports: dict[str, Report]) -> None:
-    """brown_sampled's rows are 60 to 90 characters long (optim.lr, trainer.limit_val_batches, trainer.precision):
-    each figure still tells them apart, by the values that differ, shortened."""
+    """brown_sampled's rows are 60 to 90 characters long (optim.lr, optim.output, trainer.limit_val_batches,
+    trainer.precision; MLP9's without optim.lr, which only MLP5's configurations differ in): each figure still tells
+    them apart, by the values that differ, shortened to 40 characters."""
     report = reports["brown_sampled"]
     assert max(len(label) for label in report.table["label"]) > 70
     (ax,) = drawn.rows_figure(report).axes
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert ticks == [
-        "MLP5 lr=0.002 val=0.25 prec=fp32", "MLP5 lr=0.005 val=0.25 prec=fp32", "MLP5 lr=0.005 val=None prec=bf16",
-        "MLP9 lr=0.005 val=0.25 prec=fp32", "MLP9 lr=0.005 val=None prec=bf16",
+        "MLP5 lr=0.002 out=sampled val=0.25", "MLP5 lr=0.005 out=exact val=None", "MLP5 lr=0.005 out=sampled val=0.25",
+        "MLP9 out=exact val=None", "MLP9 out=sampled val=0.25",
     ]  # fmt: skip
     (ax,) = drawn.valid_by_epoch(report).axes
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"{t} (1)" for t in ticks]
@@ -287,7 +288,10 @@ def test_brown_sampled_draws_each_pairs_cost_and_speed_up(reports: dict[str, Rep
         assert pair.low < pair.estimate < pair.high and pair.verdict == "holds"
         assert pair.speedup == pytest.approx(6.0) and pair.in_fit
     cost, speed = sampled_figure(reports["brown_sampled"]).axes
-    assert [t.get_text() for t in cost.get_yticklabels()] == ["MLP5", "MLP9"]
+    assert [t.get_text() for t in cost.get_yticklabels()] == [
+        "MLP5 optim.lr=0.005",
+        "MLP9",
+    ]  # MLP5 is also run at another rate
     assert [t.get_text() for t in speed.texts] == ["6.0x", "6.0x"]
     assert [t.get_text() for t in speed.get_legend().get_texts()] == ["within ±2%: holds"]
     unscored = sampled_pairs(reports["brown_sampled, no scores"])
