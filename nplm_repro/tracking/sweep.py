@@ -67,7 +67,7 @@ from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.registry import register_best
 from nplm_repro.tracking.search_checks import check_search
 from nplm_repro.tracking.store import check_store, ensure_experiment
-from nplm_repro.tracking.study_rows import BASIC_SWEEPER, declared_rows, expand, less_seed
+from nplm_repro.tracking.study_rows import KNOWN_JOBS, declared_rows, expand, less_seed
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def check_declaration(config: DictConfig) -> None:
     study = config.hydra.runtime.choices.get("study")  # the study file chosen, null for `+reporting...` alone
     where = f"study={study}" if study else "reporting"
     spec = checked(OmegaConf.to_container(config.reporting, resolve=True), where)
-    if not study or not claimed_rows(spec) or config.hydra.sweeper._target_ != BASIC_SWEEPER:
+    if not study or not claimed_rows(spec) or config.hydra.sweeper._target_ not in KNOWN_JOBS:
         return
     loader = GlobalHydra.instance().config_loader()
     params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=False)
@@ -131,7 +131,7 @@ def compose_jobs(config: DictConfig) -> None:
     experiment=kn3,mlp9 model.h=16`: an n-gram has no h) or a `data.path` that is not there is one line naming the
     jobs that refuse it. Jobs that differ only in their seed compose and check alike, so one of them is composed.
     Only the basic sweeper's jobs are known beforehand (Optuna draws a search's trials as it goes)."""
-    if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+    if config.hydra.sweeper._target_ not in KNOWN_JOBS:
         return
     loader = GlobalHydra.instance().config_loader()
     every = jobs(config)
