@@ -11,6 +11,8 @@ evaluation; `RunScorer` is what a family reads of the run (the contract's `Recor
 
 from __future__ import annotations
 
+import codecs
+
 import difflib
 import json
 import re
@@ -181,19 +183,19 @@ class RunScorer:
                 raise NplmError(f"{word!r} is not in the run's vocabulary ({len(index):,} words){hint}")
         return [index[w] for w in words]
 
-    def text(self, path: Path, tokenized: bool = False) -> Tokens:
+    def text(self, path: Path, tokenized: bool = False, encoding: str | None = None) -> Tokens:
         """A user's text file, read as the run reads its corpus (plain.py's `read_text`; `tokenized`: its
         whitespace-separated tokens as they are), its words outside the run's vocabulary as `<unk>`: a corpus of its
         own over the run's vocabulary, the whole text one span. A file that is no text, or has no words, is refused:
-        it would be scored as a text of only its end marks."""
+        it would be scored as a text of only its end marks. `encoding`: the file's (`--encoding`); else the one its
+        byte-order mark says (UTF-8, UTF-16, UTF-32: `text_encoding`), else the run's corpus's."""
         name = f"--text {path}"
-        encoding = "utf-8" if self.cfg.data.corpus == "brown" else self.cfg.data.encoding
         try:
-            text = path.read_bytes().decode(encoding)  # a BOM: read_text drops it, with every invisible character
+            raw = path.read_bytes()
         except OSError as error:
             raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
-        except UnicodeDecodeError as error:
-            raise NplmError(f"{name}: not {encoding} text (byte {error.start}): a binary file?") from None
+        default = "utf-8" if self.cfg.data.corpus == "brown" else self.cfg.data.encoding
+        text = decoded(raw, encoding or text_encoding(raw, default), name, given=encoding is not None)
         words = read_text(text, self.cfg.data, name, tokenized)
         if all(w in (END_OF_PARAGRAPH, END_OF_TEXT) for w in words):
             raise NplmError(f"{name}: no words in it (an empty or blank file): nothing to score")
@@ -271,3 +273,32 @@ class RunScorer:
             kept = kept_scores(part.client, part.run_id)
             valid.append(kept.splits["valid"].logprob if kept else part.logprob(part.split("valid")))
         return fit_mixed(self.corpus, names, mode, np.exp(np.column_stack(valid).astype(np.float64)), trigram)
+
+
+# Byte-order marks, the longest first (UTF-32 LE's begins with UTF-16 LE's): what a file without --encoding is read as
+BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+
+def text_encoding(raw: bytes, default: str) -> str:
+    """The encoding the byte-order mark at the start of `raw` names (Windows' Notepad writes UTF-16 with one), else
+    `default`."""
+    return next((encoding for bom, encoding in BOMS if raw.startswith(bom)), default)
+
+
+def decoded(raw: bytes, encoding: str, name: str, given: bool) -> str:
+    """`raw` as `encoding` text; one line naming the byte that is not, and how to say the file's encoding. `given`:
+    the user named it (--encoding)."""
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as error:
+        said = "" if given else " and it has no byte-order mark"
+        raise NplmError(
+            f"{name}: not {encoding} text at byte {error.start}{said}: give its encoding (--encoding utf-16, "
+            "--encoding latin-1, ...) or convert it (iconv -f <encoding> -t utf-8)"
+        ) from None
