@@ -295,3 +295,15 @@ def test_the_resource_trackers_say_nothing_after_a_commands_last_line() -> None:
     )
     assert "leaked semaphore objects" in plain.stderr and "leaked semlock objects" in plain.stderr
     assert (quieted.stdout, quieted.stderr) == ("made\n", "")
+
+
+def test_a_model_key_on_a_mixed_row_says_which_of_its_rows_has_it(tmp_path: Path) -> None:
+    """`experiment=mlp2 model.h=16` got Hydra's bare "Key 'h' is not in struct": MLP2 has no h of its own."""
+    result = run_script("nplm-train", "experiment=mlp2", "model.h=16", cwd=tmp_path)
+    assert refused(result, "nplm-train") == (
+        "Could not override 'model.h': Key 'h' is not in struct (MLP2 is a mixture of the rows MLP1 and Del. Int., "
+        "which mixes their finished runs: model.h belongs to the run of MLP1 (experiment=mlp1), run by its own command)"
+    )
+    result = run_script("nplm-train", "experiment=mlp2", "model.hh=16", cwd=tmp_path)
+    assert refused(result, "nplm-train").endswith("model.hh is a key of none of their models either)")
+    assert list(tmp_path.iterdir()) == []  # no store, no output folder
