@@ -1,6 +1,7 @@
 """trainer.precision=auto: a concrete precision, chosen by the probe's rates, cached, and never a failure."""
 
 import json
+import logging
 from pathlib import Path
 
 import mlflow
@@ -10,6 +11,7 @@ from helpers import TINY_BROWN, composed, data_slice
 from omegaconf import DictConfig
 
 from nplm_repro.data.load import load_corpus
+from nplm_repro.models import precision
 from nplm_repro.models.precision import MARGIN, job_precision, resolve, training_step_gflops
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.keys import config_key
@@ -157,3 +159,22 @@ def test_a_job_keeps_the_precision_its_run_resolved_when_the_probe_would_choose_
     client.set_tag(orphan, "config_key", config_key(other, load_corpus(other.data).fingerprint))
     assert ledger.run(mlp_job(tmp_path))[0] == first
     assert client.get_run(orphan).info.status == "KILLED" and client.get_run(orphan).data.tags["killed_because"]
+
+
+def test_bf16_mixed_on_a_cpu_without_bfloat16_units_warns_once_naming_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It trained about 60 times slower than float32 on an AVX2-only EPYC, and said nothing. The check is oneDNN's
+    (this machine's answer is replaced by each of its two)."""
+    cpu = json.loads(precision.cpu_model())["model name"]
+    for has_units, warnings in ((True, 0), (False, 1)):
+        monkeypatch.setattr(precision, "cpu_has_bf16", lambda has_units=has_units: has_units)
+        precision.warn_slow_bf16.cache_clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=precision.__name__):
+            for _ in range(2):
+                assert precision.resolve("bf16-mixed", "cpu") == ("bf16-mixed", {})
+        said = [r.getMessage() for r in caplog.records if "bfloat16 units" in r.getMessage()]
+        assert len(said) == warnings, said
+    assert said[0].startswith(f"trainer.precision=bf16-mixed on {cpu}, which has no bfloat16 units")
+    assert said[0].endswith("(trainer.precision=auto measures and chooses)")
