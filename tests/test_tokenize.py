@@ -10,8 +10,9 @@ from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Any
 
+import nltk.redos
 import pytest
-from helpers import CONF
+from helpers import CONF, composed
 from omegaconf import OmegaConf
 
 from nplm_repro.data.brown import read_brown
@@ -160,3 +161,16 @@ def test_binary_data_is_refused_in_one_line() -> None:
     for data in (BROWN, TEXT):
         with pytest.raises(NplmError, match=r"^--text x\.bin has a NUL byte at byte 2: binary data, not text$"):
             read_text("ab\x00\x00", data, "--text x.bin")
+
+
+def test_a_long_line_is_cut_in_pieces_each_scanned_within_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100 kB line of one repeated word, in a 50 MB file of them: one paragraph, scanned by one regular expression,
+    past NLTK's 5 s limit (`TimeoutError`, the tokenizer's whole regex in the message). Its pieces each take
+    milliseconds: with the limit at 50 ms here, 2 MB of one line still reads, as the whole read at once reads it."""
+    line = 'The jury said "it was Mr. Smith\'s 50% of $1,000." ' * 40_000  # 2 MB, no blank line, no newline
+    data = composed().data
+    whole = brown_words(line)
+    monkeypatch.setattr(nltk.redos, "DEFAULT_TIMEOUT", 0.05)
+    with pytest.raises(TimeoutError):  # what a scan of the whole line did
+        brown_words(line)
+    assert read_text(line, data, "--text long.txt") == [*whole, "<eop>", "<eot>"]

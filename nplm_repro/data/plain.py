@@ -156,7 +156,24 @@ def read_text(text: str, data: Any, name: str, tokenized: bool = False) -> list[
     if _tagged(text):
         return brown_text(text)[0]
     blocks = split_paragraphs(lines, lambda line: [line] if line.strip() else [])
-    return _marked((brown_words("\n".join(block)) for block in blocks), True)
+    return _marked((_block_words(block) for block in blocks), True)
+
+
+PIECE = 1 << 16  # characters: a paragraph longer than this is cut at a space into pieces of about this size
+
+
+def _block_words(lines: list[str]) -> list[str]:
+    """`brown_words` of a paragraph, a long one piece by piece (`PIECE`, cut after a space: no token spans one), so
+    that its time grows with its length, never past NLTK's time limit on one regular-expression scan (a 100 kB line
+    of one repeated word, in a 50 MB file of them, timed out). A straight quote open at a cut is read by turns."""
+    text = "\n".join(lines)
+    words: list[str] = []
+    start = 0
+    while start < len(text):
+        end = len(text) if len(text) - start <= PIECE else text.find(" ", start + PIECE) + 1 or len(text)
+        words += brown_words(text[start:end])
+        start = end
+    return words
 
 
 def read_context(text: str, data: Any, name: str) -> list[str]:
