@@ -11,7 +11,6 @@ evaluation; `RunScorer` is what a family reads of the run (the contract's `Recor
 
 from __future__ import annotations
 
-import codecs
 
 import difflib
 import json
@@ -34,7 +33,7 @@ from nplm_repro.baselines.mixture import Mixed, fit_mixed
 from nplm_repro.baselines.ngram import split_windows
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
-from nplm_repro.data.plain import read_context, read_text
+from nplm_repro.data.plain import read_context, text_pieces
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Family
 from nplm_repro.models.language_module import LanguageModule
@@ -190,20 +189,20 @@ class RunScorer:
         it would be scored as a text of only its end marks. `encoding`: the file's (`--encoding`); else the one its
         byte-order mark says (UTF-8, UTF-16, UTF-32: `text_encoding`), else the run's corpus's."""
         name = f"--text {path}"
-        try:
-            raw = path.read_bytes()
-        except OSError as error:
-            raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
-        default = "utf-8" if self.cfg.data.corpus == "brown" else self.cfg.data.encoding
-        text = decoded(raw, encoding or text_encoding(raw, default), name, given=encoding is not None)
-        words = read_text(text, self.cfg.data, name, tokenized)
-        if all(w in (END_OF_PARAGRAPH, END_OF_TEXT) for w in words):
-            raise NplmError(f"{name}: no words in it (an empty or blank file): nothing to score")
         index = {w: i for i, w in enumerate(self.corpus.vocab)}
         unk = index[UNK]
-        ids = torch.tensor([index.get(w, unk) for w in words], dtype=torch.int64)
+        pieces, unknown, words = [], Counter(), 0
+        try:
+            for piece in text_pieces(path, self.cfg.data, name, tokenized, encoding):
+                pieces.append(np.fromiter((index.get(w, unk) for w in piece), np.int64, len(piece)))
+                unknown.update(w for w in piece if w not in index)
+                words += sum(w not in (END_OF_PARAGRAPH, END_OF_TEXT) for w in piece)
+        except OSError as error:
+            raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
+        if not words:
+            raise NplmError(f"{name}: no words in it (an empty or blank file): nothing to score")
+        ids = torch.from_numpy(np.concatenate(pieces))
         corpus = Corpus(self.corpus.name, self.corpus.vocab, ids, {TEXT: (0, len(ids))}, texts=(path.name,))
-        unknown = Counter(w for w in words if w not in index)
         return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, unknown)
 
     def logprob(self, tokens: Tokens) -> np.ndarray:
@@ -274,31 +273,3 @@ class RunScorer:
             valid.append(kept.splits["valid"].logprob if kept else part.logprob(part.split("valid")))
         return fit_mixed(self.corpus, names, mode, np.exp(np.column_stack(valid).astype(np.float64)), trigram)
 
-
-# Byte-order marks, the longest first (UTF-32 LE's begins with UTF-16 LE's): what a file without --encoding is read as
-BOMS = (
-    (codecs.BOM_UTF32_LE, "utf-32"),
-    (codecs.BOM_UTF32_BE, "utf-32"),
-    (codecs.BOM_UTF8, "utf-8-sig"),
-    (codecs.BOM_UTF16_LE, "utf-16"),
-    (codecs.BOM_UTF16_BE, "utf-16"),
-)
-
-
-def text_encoding(raw: bytes, default: str) -> str:
-    """The encoding the byte-order mark at the start of `raw` names (Windows' Notepad writes UTF-16 with one), else
-    `default`."""
-    return next((encoding for bom, encoding in BOMS if raw.startswith(bom)), default)
-
-
-def decoded(raw: bytes, encoding: str, name: str, given: bool) -> str:
-    """`raw` as `encoding` text; one line naming the byte that is not, and how to say the file's encoding. `given`:
-    the user named it (--encoding)."""
-    try:
-        return raw.decode(encoding)
-    except UnicodeDecodeError as error:
-        said = "" if given else " and it has no byte-order mark"
-        raise NplmError(
-            f"{name}: not {encoding} text at byte {error.start}{said}: give its encoding (--encoding utf-16, "
-            "--encoding latin-1, ...) or convert it (iconv -f <encoding> -t utf-8)"
-        ) from None
