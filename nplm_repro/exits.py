@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from importlib import resources
 from typing import NoReturn
 
 import yaml
@@ -38,10 +39,57 @@ HINTS = {
 UNQUOTED = re.compile(r"LexerNoViableAltException: ([+~]*[^=\s]+)=")
 
 
+# Hydra's words for a key the model's config has not: on a mixed row (`experiment=mlp2 model.h=16`), a key of the
+# model of one of the rows it mixes
+NOT_IN_MODEL = re.compile(r"Could not override 'model\.([\w.]+)'.*Key '[\w.]+' is not in struct")
+
+
+def _config(group: str, name: str) -> dict:
+    """conf/<group>/<name>.yaml as YAML (the installed package's configs), or {} where there is none."""
+    found = resources.files("nplm_repro.conf").joinpath(group, f"{name}.yaml")
+    return (yaml.safe_load(found.read_text()) or {}) if found.is_file() else {}
+
+
+def _has(experiment: dict, key: str) -> bool:
+    """Whether the model of `experiment` (its own keys, then its model's file: `override /model`, else mlp) has
+    `key` at its top."""
+    defaults = [d for d in experiment.get("defaults") or [] if isinstance(d, dict)]
+    chosen = [d["override /model"] for d in defaults if "override /model" in d]
+    own = experiment.get("model") or {}
+    return key.split(".")[0] in own or key.split(".")[0] in _config("model", (chosen or ["mlp"])[0])
+
+
+def mixture_hint(message: str, argv: list[str]) -> str:
+    """Where a model key refused on a mixed row (`NOT_IN_MODEL`) belongs: the rows the mixture mixes whose model has
+    it, each run by its own command; '' for any other message, or a command line with no mixed row."""
+    if not (refused := NOT_IN_MODEL.search(message)):
+        return ""
+    key = refused[1]
+    for name in [v for a in argv if a.startswith("experiment=") for v in a.split("=", 1)[1].split(",")]:
+        mixture = _config("experiment", name)
+        rows = list((mixture.get("model") or {}).get("components") or [])
+        if not rows:
+            continue
+        folder = resources.files("nplm_repro.conf").joinpath("experiment")
+        files = [f.name.removesuffix(".yaml") for f in folder.iterdir()]
+        having = [
+            f"{row} (experiment={other})"
+            for other in sorted(files)
+            if (config := _config("experiment", other)).get("row") in rows and _has(config, key)
+            for row in [config["row"]]
+        ]
+        where = f"belongs to the run of {' and '.join(having)}, run by its own command" if having else "is a key of none"
+        return (
+            f" ({mixture.get('row', name)} is a mixture of the rows {' and '.join(rows)}, which mixes their finished "
+            f"runs: model.{key} {where}{'' if having else ' of their models either'})"
+        )
+    return ""
+
+
 def hints(message: str) -> str:
-    """What to add to Hydra's one-line `message`: the fixes of HINTS whose words it holds, and how to quote a value
-    that Hydra's lexer refused (`UNQUOTED`)."""
-    found = "".join(hint for words, hint in HINTS.items() if words in message)
+    """What to add to Hydra's one-line `message`: the fixes of HINTS whose words it holds, where a model key refused on
+    a mixed row belongs (`mixture_hint`), and how to quote a value that Hydra's lexer refused (`UNQUOTED`)."""
+    found = "".join(hint for words, hint in HINTS.items() if words in message) + mixture_hint(message, sys.argv[1:])
     if refused := UNQUOTED.search(message):
         found += (
             " (a value with characters other than ASCII letters, digits, spaces and _-./ needs quotes: "

@@ -25,6 +25,7 @@ from nplm_repro.paper import PAPER_TABLES
 from nplm_repro.paths import check_report_dir
 from nplm_repro.reporting.claims import headline
 from nplm_repro.reporting.render import write
+from nplm_repro.reporting.replacing import place
 from nplm_repro.reporting.tables import build
 from nplm_repro.studies import check_claimed_rows, checked, claimed_rows, declaration, study_file
 from nplm_repro.tracking.study_rows import study_rows
@@ -92,13 +93,13 @@ def write_study(
     uri: str, experiment: str, study: str, out: Path, declared: dict[str, Any] | None = None
 ) -> tuple[list[Path], dict[str, float]]:
     """The study's report, as `nplm-report --study` writes it, when a sweep ends (conf/config.yaml names this), with
-    what the sweep's study file declares (`declared`; None: sweeps/<study>.yaml's); returns its files and headline
-    numbers, which the sweep keeps on its parent run. A report that cannot be built is only a warning (no files,
+    what the sweep's study file declares (`declared`; None: sweeps/<study>.yaml's), into `out` unless a report there
+    was made of other runs (`place`); returns its files and headline numbers, which the sweep keeps on its parent run. A report that cannot be built is only a warning (no files,
     no numbers)."""
     try:
         spec = declaration(study) if declared is None else checked(declared, f"study {study}")
         report = build(uri, experiment, study, spec=spec)
-        written = write(report, out)
+        written = write(report, place(report, out))  # a report of other runs there is kept (replacing.py)
     except NplmError as error:
         log.warning("no report of study %s: %s", study, error)
         return [], {}

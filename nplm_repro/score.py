@@ -15,6 +15,7 @@ The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py): MLP, 
 from __future__ import annotations
 
 import argparse
+import codecs
 import csv
 import logging
 import math
@@ -43,6 +44,9 @@ def _arguments() -> argparse.Namespace:
     where.add_argument("--split", choices=("train", "valid", "test"), help="a split of the run's data (default: test)")
     where.add_argument("--text", type=Path, help="a text file, read as the run reads its corpus, and its vocabulary")
     parser.add_argument(
+        "--encoding", help="the --text file's encoding (default: its byte-order mark's, else the run corpus's: utf-8)"
+    )
+    parser.add_argument(
         "--tokenized", action="store_true", help="with --text: whitespace-separated tokens, read as they are"
     )
     parser.add_argument("--per-token", type=Path, help="write token, text and ln P of every token to this TSV file")
@@ -55,6 +59,13 @@ def _arguments() -> argparse.Namespace:
         check_run_id(args.run_id)
     if args.tokenized and not args.text:
         raise NplmError("--tokenized says how --text is read: give --text")
+    if args.encoding and not args.text:
+        raise NplmError("--encoding says how --text is read: give --text")
+    if args.encoding:
+        try:
+            codecs.lookup(args.encoding)
+        except LookupError:
+            raise NplmError(f"--encoding {args.encoding}: not an encoding Python knows (utf-8, utf-16, latin-1, ...)")
     if args.log and (args.text or args.split or args.per_token):
         raise NplmError("--log scores valid and test, as a run keeps them: it takes no --split, --text or --per-token")
     if args.per_token and args.per_token.exists():
@@ -140,7 +151,7 @@ def _main() -> None:
     if args.log:
         print(backfill(scorer))
         return
-    tokens = scorer.text(args.text, args.tokenized) if args.text else scorer.split(args.split or "test")
+    tokens = scorer.text(args.text, args.tokenized, args.encoding) if args.text else scorer.split(args.split or "test")
     logprob = scorer.logprob(tokens)
     if args.per_token:
         write_per_token(args.per_token, tokens, logprob)

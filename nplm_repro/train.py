@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from hydra_plugins.nplm_repro_search import OptunaSearch
+from hydra_plugins.nplm_repro_search import register
 from nplm_repro.checks import check_job
 from nplm_repro.cli import cli, quiet
 from nplm_repro.errors import sigterm_interrupts
@@ -26,9 +25,7 @@ from nplm_repro.memory import keep_freed_memory
 from nplm_repro.tracking.ledger import run
 from nplm_repro.tracking.sweep import ends_sweeps
 
-# Hydra finds plugins by walking the folders of the namespace package hydra_plugins, which an editable install's
-# import hook does not list: the search's sweeper (hparams_search=...) is registered by hand.
-Plugins.instance().register(OptunaSearch)
+register()  # the sweepers: the search's (hparams_search=...) and the default, whose mixed rows wait for their rows
 
 
 @hydra.main(config_path="pkg://nplm_repro.conf", config_name="config", version_base="1.3")

@@ -240,15 +240,17 @@ def last_line(output: str) -> str:
 
 def test_an_error_is_the_last_line_of_the_output_on_its_own(tiny_brown_path: Path, tmp_path: Path) -> None:
     """stdout and stderr into one file: a diverging MLP's error came glued to the end of its progress bar
-    (`...tok/s=33,576]nplm-train: error: ...`), and the bar was drawn once more after it, at exit."""
+    (`...tok/s=33,576]nplm-train: error: ...`), and the bar was drawn once more after it, at exit. Its NaN loss is
+    caught at the step that made it (it was caught only by the validation after the epoch: a full epoch of NaNs)."""
     train = [console_script("nplm-train"), "experiment=mlp3", "optim.lr=1e6", f"data.path={tiny_brown_path}", *TINY]
     train += [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"hydra.run.dir={tmp_path}/out"]
     with open(tmp_path / "output.log", "w") as log:
         result = subprocess.run(train, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, timeout=120)
     output = (tmp_path / "output.log").read_text()
-    assert result.returncode == 2 and "Epoch 0: 100%" in output  # a bar was drawn
-    last = last_line(output)  # the validation after its first epoch, nan: it diverged
-    assert last.startswith("nplm-train: error: ") and last.endswith("the model diverged (try a smaller optim.lr)")
+    assert result.returncode == 2 and "Epoch 0: " in output  # a bar was drawn
+    last = last_line(output)  # a training step's loss, nan: it diverged, caught at that step, not after the epoch
+    assert last.startswith("nplm-train: error: training loss is nan at epoch 0, step ")
+    assert last.endswith("the model diverged (try a smaller optim.lr)")
     assert last_line(output).endswith(": the model diverged (try a smaller optim.lr)")
 
 
@@ -295,3 +297,15 @@ def test_the_resource_trackers_say_nothing_after_a_commands_last_line() -> None:
     )
     assert "leaked semaphore objects" in plain.stderr and "leaked semlock objects" in plain.stderr
     assert (quieted.stdout, quieted.stderr) == ("made\n", "")
+
+
+def test_a_model_key_on_a_mixed_row_says_which_of_its_rows_has_it(tmp_path: Path) -> None:
+    """`experiment=mlp2 model.h=16` got Hydra's bare "Key 'h' is not in struct": MLP2 has no h of its own."""
+    result = run_script("nplm-train", "experiment=mlp2", "model.h=16", cwd=tmp_path)
+    assert refused(result, "nplm-train") == (
+        "Could not override 'model.h': Key 'h' is not in struct (MLP2 is a mixture of the rows MLP1 and Del. Int., "
+        "which mixes their finished runs: model.h belongs to the run of MLP1 (experiment=mlp1), run by its own command)"
+    )
+    result = run_script("nplm-train", "experiment=mlp2", "model.hh=16", cwd=tmp_path)
+    assert refused(result, "nplm-train").endswith("model.hh is a key of none of their models either)")
+    assert list(tmp_path.iterdir()) == []  # no store, no output folder

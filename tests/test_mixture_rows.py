@@ -12,6 +12,8 @@ from helpers import TINY_BROWN, composed, data_slice
 from omegaconf import DictConfig
 
 from nplm_repro.errors import NplmError
+from nplm_repro.reporting.tables import build, display
+from nplm_repro.studies import checked
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.sweep import check_components
@@ -116,3 +118,29 @@ def test_a_row_mixed_with_another_seed_of_itself_mixes_two_runs_counting_round_t
         check_config(job(store, *control))
     with pytest.raises(NplmError, match=r"^model.seed_shift needs model.seeds"):
         check_config(job(store, *control, "+model.seed_shift=[0,1]"))
+
+
+def test_a_mixture_over_a_killed_row_says_it_was_killed_and_how_to_resume_it(store: str) -> None:
+    """It said "run that row first", though the row's run was there, KILLED: stopped by Ctrl-C, resumable."""
+    killed, _ = ledger.run(job(store, "experiment=kn3"))
+    ledger.run(job(store, "experiment=del_int"))
+    mlflow.MlflowClient(store).set_terminated(killed, "KILLED")
+    with pytest.raises(NplmError) as refused:
+        ledger.run(mixture(store, "KN + trigram", "Kneser-Ney back-off", "Del. Int."))
+    assert str(refused.value) == (
+        "model.components: no finished run of row 'Kneser-Ney back-off' with seed 1 in study (none) on this data: its "
+        f"run {killed} was killed before it ended; the command that ran it resumes it (a trained row from its last "
+        "epoch), then this mixture can run"
+    )
+
+
+def test_a_killed_row_reads_killed_in_its_studys_table_not_failed(store: str) -> None:
+    """The table said "failed" for a KILLED run, though the report's list of runs said KILLED."""
+    killed, _ = ledger.run(job(store, "experiment=kn3", "study=quickstart"))
+    ledger.run(job(store, "experiment=del_int", "study=quickstart"))
+    mlflow.MlflowClient(store).set_terminated(killed, "KILLED")
+    report = build(store, "brown", "quickstart", spec=checked({}, "a test"))
+    status = dict(zip(report.table["row"], report.table["status"], strict=True))
+    assert status == {"Kneser-Ney back-off": "killed", "Del. Int.": "finished"}
+    shown = display(report).set_index(("", "row"))
+    assert (shown.loc["Kneser-Ney back-off"] == "killed").any()

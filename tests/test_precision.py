@@ -1,6 +1,7 @@
 """trainer.precision=auto: a concrete precision, chosen by the probe's rates, cached, and never a failure."""
 
 import json
+import logging
 from pathlib import Path
 
 import mlflow
@@ -193,3 +194,22 @@ def test_one_command_makes_the_same_model_on_a_cpu_with_bfloat16_units_and_on_on
         (run,) = all_runs(tmp_path / cpu)
         found.append((run.data.params["trainer.precision"], run.data.tags["config_key"], run.data.metrics["test_ppl"]))
     assert found[0] == found[1] and found[0][0] == "32-true", found
+
+
+def test_bf16_mixed_on_a_cpu_without_bfloat16_units_warns_once_naming_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It trained about 60 times slower than float32 on an AVX2-only EPYC, and said nothing. The check is oneDNN's
+    (this machine's answer is replaced by each of its two)."""
+    cpu = json.loads(precision.cpu_model())["model name"]
+    for has_units, warnings in ((True, 0), (False, 1)):
+        monkeypatch.setattr(precision, "cpu_has_bf16", lambda has_units=has_units: has_units)
+        precision.warn_slow_bf16.cache_clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=precision.__name__):
+            for _ in range(2):
+                assert precision.resolve("bf16-mixed", "cpu") == ("bf16-mixed", {})
+        said = [r.getMessage() for r in caplog.records if "bfloat16 units" in r.getMessage()]
+        assert len(said) == warnings, said
+    assert said[0].startswith(f"trainer.precision=bf16-mixed on {cpu}, which has no bfloat16 units")
+    assert said[0].endswith("(trainer.precision=auto measures and chooses)")

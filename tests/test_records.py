@@ -8,6 +8,7 @@ and to install the package into a checkout's ignored virtualenv folder as `pip i
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from nplm_repro.reporting.tables import build
-from nplm_repro.tracking.records import code_state, log_corpus
+from nplm_repro.tracking.records import RUNS_BESIDE, code_state, log_corpus
 from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.store import EXPERIMENT_KIND, ensure_experiment
 
@@ -149,7 +150,8 @@ def changed_files(diff: str) -> set[str]:
 
 def test_the_code_is_the_package_its_configs_and_studies_not_the_reports_it_writes(tmp_path: Path) -> None:
     """The README's quickstart rewrites the tracked reports/quickstart.*: its later runs are of the same code, so not
-    '+dirty'. A change to the package, conf/, sweeps/ or pyproject.toml is, and the diff holds only those files."""
+    '+dirty'. A change to the package, hydra_plugins/, conf/, sweeps/ or pyproject.toml is, and the diff holds only
+    those files."""
     needs_git_checkout()
     repo = tmp_path / "clone"
     git(tmp_path, "clone", "-q", str(ROOT), str(repo))
@@ -158,7 +160,9 @@ def test_the_code_is_the_package_its_configs_and_studies_not_the_reports_it_writ
     (repo / "reports" / "quickstart_claims.png").write_bytes(bytes(range(256)))
     (repo / "README.md").write_text("edited\n")
     assert code_state(package) == (commit, "")
-    for code in ("nplm_repro/__init__.py", "conf/config.yaml", "sweeps/quickstart.yaml", "pyproject.toml"):
+    hydra_plugins = "hydra_plugins/nplm_repro_search/__init__.py"  # every nplm-train imports it
+    codes = ("nplm_repro/__init__.py", hydra_plugins, "conf/config.yaml", "sweeps/quickstart.yaml", "pyproject.toml")
+    for code in codes:
         with open(repo / code, "a") as f:
             f.write("# changed\n")
         state, diff = code_state(package)
@@ -166,6 +170,19 @@ def test_the_code_is_the_package_its_configs_and_studies_not_the_reports_it_writ
         git(repo, "checkout", "--", code)
     (package / "new_module.py").write_text("untracked = True\n")  # untracked files are not part of the code
     assert code_state(package) == (commit, "")
+
+
+def test_every_package_pyproject_installs_is_code() -> None:
+    """What an installed nplm-train imports is every package pyproject.toml lists: each one's folder is the package
+    (nplm_repro/, git's "." in `code_state`), or is under a path of RUNS_BESIDE (hydra_plugins/ was not)."""
+    text = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools]")[1].split("\n[")[0]
+    listed = re.findall(r'^\s+"([\w.]+)",', text.split("packages = [")[1].split("]")[0], re.MULTILINE)
+    mapped = dict(re.findall(r'"([\w.]+)" = "([\w/]+)"', text.split("package-dir")[1]))
+    beside = {spec.removeprefix(":(top)") for spec in RUNS_BESIDE}
+    assert "hydra_plugins.nplm_repro_search" in listed and mapped == {"nplm_repro.conf": "conf"}
+    for package in listed:
+        folder = mapped.get(package) or package.replace(".", "/")
+        assert folder.split("/")[0] == "nplm_repro" or folder.split("/")[0] in beside, package
 
 
 def test_a_package_installed_inside_a_checkout_is_its_version_not_the_checkouts_commit(tmp_path: Path) -> None:

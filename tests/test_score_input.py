@@ -4,6 +4,7 @@ cannot be written) refused in one line before any work. A real short MLP run on 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import math
 from collections.abc import Callable
@@ -94,7 +95,7 @@ def test_a_text_with_no_words_or_no_text_is_refused(mlp: Run, tmp_path: Path, sc
         b"": "no words in it",
         b" \n\n\t\n": "no words in it",
         b"\x00\x00\x00": "has a NUL byte at byte 0: binary data, not text",
-        b"The jury \xff\xfe said": "not utf-8 text (byte 9)",
+        b"The jury \xff\xfe said": "not utf-8 text at byte 9 and it has no byte-order mark: give its encoding (",
     }
     for i, (raw, words) in enumerate(cases.items()):
         path = tmp_path / f"{i}.txt"
@@ -103,6 +104,30 @@ def test_a_text_with_no_words_or_no_text_is_refused(mlp: Run, tmp_path: Path, sc
             done = score(workdir, run_id, "--tracking-uri", uri, "--text", str(path), *how)
             assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
             assert f"--text {path}" in done.stderr and words in done.stderr, done.stderr
+
+
+def test_a_text_in_utf16_or_with_a_bom_or_in_the_encoding_given_scores_as_its_utf8(
+    mlp: Run, tmp_path: Path, score: Callable[..., Done]
+) -> None:
+    """A UTF-16 file (Notepad's "Unicode") was "not utf-8 text (byte 0): a binary file?"; a byte-order mark names
+    its encoding, and --encoding any other."""
+    workdir, uri, run_id = mlp
+    words = "The jury said, \u201cthe caf\u00e9 was closed.\u201d\n"
+    files = {"utf-8": (words.encode(), ()), "utf-16": (words.encode("utf-16"), ())}
+    files["utf-8-sig"] = (words.encode("utf-8-sig"), ())
+    files["utf-16-be"] = (codecs.BOM_UTF16_BE + words.encode("utf-16-be"), ())
+    files["cp1252"] = (words.encode("cp1252"), ("--encoding", "cp1252"))
+    printed = {}
+    for name, (raw, how) in files.items():
+        path = tmp_path / f"{name}.txt"
+        path.write_bytes(raw)
+        done = score(workdir, run_id, "--tracking-uri", uri, "--text", str(path), *how)
+        assert done.returncode == 0, done.stderr
+        printed[name] = done.stdout.replace(path.name, "text.txt")
+    assert all(text == printed["utf-8"] for text in printed.values()), printed
+    assert "text text.txt: 13 tokens, 2 <unk> " in printed["utf-8"] and ": café 1, closed 1" in printed["utf-8"]
+    done = score(workdir, run_id, "--tracking-uri", uri, "--text", str(tmp_path / "cp1252.txt"))
+    assert done.returncode == 2 and "not utf-8 text at byte 15 and it has no byte-order mark" in done.stderr
 
 
 def test_a_prompt_and_a_models_context_are_cut_as_brown_is(mlp: Run, ask: Callable[..., Done]) -> None:
@@ -130,6 +155,8 @@ def test_what_cannot_be_done_is_refused_before_any_work(tmp_path: Path, score: C
         (run_id.upper(),): "is not a run id",
         (run_id, "--per-token", "/proc/x.tsv"): "--per-token /proc/x.tsv: cannot write in /proc (",
         (run_id, "--tokenized"): "--tokenized says how --text is read: give --text",
+        (run_id, "--encoding", "utf-16"): "--encoding says how --text is read: give --text",
+        (run_id, "--encoding", "klingon", "--text", "x.txt"): "--encoding klingon: not an encoding Python knows (",
     }
     for args, words in cases.items():
         done = score(tmp_path, *args, "--tracking-uri", none)

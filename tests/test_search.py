@@ -176,3 +176,74 @@ def test_a_trial_stuck_after_the_stop_is_killed_and_its_run_still_ends_killed(br
     jobs = stopped_search(brown_path, tmp_path, *stuck, env={"PYTHONPATH": str(tmp_path)})
     assert jobs["tags.killed_because"].notna().all()
     assert "had not ended 3 s after the stop: their workers are killed" in (tmp_path / "search.log").read_text()
+
+
+TINY_SEARCH = [
+    "hparams_search=paper_lr",
+    *TINY_MLP,
+    "hydra/launcher=basic",
+    "data.split.valid=1000",
+    "data.split.test=1000",
+    "hydra.sweeper.n_trials=1",
+]
+
+
+def tiny_search(tiny_brown_path: Path, where: Path, *overrides: str) -> tuple[int, str, str]:
+    """A one-trial search of tiny_brown.zip in the folder `where`: its exit code, last line on stderr, and all it
+    printed (Hydra's log, with the search's summary, goes to stdout)."""
+    result = run_script("nplm-train", *TINY_SEARCH, f"data.path={tiny_brown_path}", *overrides, cwd=where)
+    return result.returncode, (result.stderr.strip().splitlines() or [""])[-1], result.stdout + result.stderr
+
+
+@pytest.mark.slow  # three searches, about 45 s
+def test_a_search_in_the_folder_of_another_never_reports_its_result(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """Both searches named paper_lr, kept in the folder's ./optuna.db: the second, on other data into another store,
+    ran no trial and exited 0 with the first's best value as its own, leaving an empty FINISHED parent run. The same
+    command resumes its own study; another corpus, store or config is refused before its store is made."""
+    first = ["data.split.train=5000", "tracking.uri=sqlite:///first.db"]
+    for _ in range(2):  # the second finds its one trial done and its binding the same
+        code, _, stderr = tiny_search(tiny_brown_path, tmp_path, *first)
+        assert code == 0 and "search paper_lr: 1 complete" in stderr, stderr[-3000:]
+    binding = optuna.load_study(study_name="paper_lr", storage=f"sqlite:///{tmp_path}/optuna.db").user_attrs["binding"]
+    assert binding["store"] == "sqlite:///first.db" and len(binding["corpus"]) == 16
+
+    code, line, stderr = tiny_search(tiny_brown_path, tmp_path, "data.split.train=6000", "tracking.uri=sqlite:///2.db")
+    assert code == 2 and "best value" not in stderr, stderr[-3000:]
+    assert line.startswith("nplm-train: error: search paper_lr in sqlite:///optuna.db searched something else (")
+    assert f"corpus fingerprint {binding['corpus']} there, " in line and "tracking store sqlite:///first.db" in line
+    assert "key of the config" not in line and "hydra.sweeper.study_name=paper_lr_" in line, line
+    assert not (tmp_path / "2.db").exists() and len(trials(tmp_path)) == 1  # no store, no parent run, no trial
+
+    code, line, _ = tiny_search(tiny_brown_path, tmp_path, *first, "model.h=4")  # the same data, another model
+    assert code == 2 and "(key of the config less the swept keys " in line and "corpus" not in line, line
+    own = line.split("hydra.sweeper.study_name=")[1].split()[0]
+    code, _, stderr = tiny_search(tiny_brown_path, tmp_path, *first, "model.h=4", f"hydra.sweeper.study_name={own}")
+    assert code == 0 and f"search {own}: 1 complete" in stderr, stderr[-3000:]
+    assert len(trials(tmp_path, own)) == 1 and len(trials(tmp_path)) == 1
+
+
+@pytest.mark.parametrize(  # each starts nplm-train (about 10 s): one in the default suite, the others slow
+    "override, said",
+    [
+        ("hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0 is invalid: expected an integer >= 1"),
+        *(
+            pytest.param(override, said, marks=pytest.mark.slow)
+            for override, said in [
+                ("hydra.sweeper.cpu_hours=-1", "hydra.sweeper.cpu_hours=-1 is invalid: expected a number > 0, or "),
+                ("hydra.sweeper.stop_seconds=-1", "hydra.sweeper.stop_seconds=-1 is invalid: expected a number of s"),
+                ("hydra.sweeper.n_jobs=0", "hydra.sweeper.n_jobs=0 is invalid: expected an integer >= 1"),
+                ("optim.lr=interval(3e-3, 3e-4)", "optim.lr: interval(3e-3, 3e-4) is an empty interval: write the "),
+                ("model.h=range(5, 1)", "model.h: range(5, 1) has no value to try"),
+            ]
+        ),
+    ],
+)
+def test_a_search_that_could_run_nothing_is_refused_before_its_store(
+    override: str, said: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """n_trials=0 and cpu_hours=-1 ran no trial and exited 0, n_jobs=0 failed with joblib's words after its store and
+    a FAILED parent run were made, a reversed interval with Optuna's."""
+    code, line, stderr = tiny_search(tiny_brown_path, tmp_path, "tracking.uri=sqlite:///m.db", override)
+    assert code == 2 and line.startswith(f"nplm-train: error: {said}"), stderr[-3000:]
+    assert line.endswith("(nothing was run)") and stderr.strip() == line
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "optuna.db").exists()

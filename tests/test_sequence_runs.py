@@ -4,15 +4,20 @@ in a fresh process, their test perplexity scored again by nplm-score's code, tex
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
+import lightning as L
 import mlflow
 import numpy as np
 import pytest
 from helpers import SLICE, check_loaded_model, composed, run_script
+from lightning.pytorch.callbacks import Callback
 
+from nplm_repro.errors import NplmError
 from nplm_repro.models.use import continue_ids
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.tracking import ledger
+from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.scoring import RunScorer
 
 SMALL = {
@@ -107,3 +112,40 @@ def test_model_lstm_alone_trains_with_its_own_optimiser_group(brown_path: Path, 
     assert run["status"] == "FINISHED" and run["params.optim.recipe"] == "adamw"
     assert run["params.optim.plateau_factor"] == "0.25" and run["tags.family"] == "lstm"
     assert 0 < run["metrics.fit_seconds_epoch"] <= run["metrics.fit_seconds"]  # the compute figure's clock
+
+
+class Rates(Callback):
+    """The learning rate of every training step, as the optimiser used it (a callback of the run's config)."""
+
+    seen: ClassVar[list[float]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        Rates.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+NO_CEILING = ["experiment=lstm", "trainer.max_epochs=-1", "model.width=16", "model.layers=1"]
+
+
+def test_an_lstm_without_a_ceiling_warms_up_over_its_first_epoch(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """`trainer.max_epochs=-1` ("-1 for no limit") failed in AdamW's warm-up, int(inf) steps: OverflowError and a
+    FAILED run. Now the rate rises over the first epoch's 3 steps, then holds until a plateau; early stopping ends the
+    run (an improvement of 1e9 is never met: after epoch 2)."""
+    overrides = [*NO_CEILING, f"data.path={tiny_brown_path}", "data.split.train=5000", "data.split.valid=1000"]
+    overrides += ["data.split.test=1000", "trainer.limit_train_batches=3", "callbacks.early_stopping.patience=0"]
+    overrides += ["+callbacks.early_stopping.min_delta=1e9", f"tracking.uri=sqlite:///{tmp_path}/m.db"]
+    overrides += ["+callbacks.rates={_target_:test_sequence_runs.Rates}"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        cfg = composed(*overrides, f"callbacks.model_checkpoint.dirpath={tmp_path}/c")
+        run_id, _ = ledger.run(cfg)
+    assert mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db").get_run(run_id).info.status == "FINISHED"
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    assert len(client.get_metric_history(run_id, "valid_ppl_epoch")) == 2
+    assert Rates.seen == pytest.approx([cfg.optim.lr * s / 3 for s in (1, 2, 3)] + [cfg.optim.lr] * 3)
+
+
+def test_a_cosine_without_a_ceiling_is_refused_in_one_line() -> None:
+    """optim.plateau_factor=null's cosine falls to its floor at the last epoch, which a run without one has not."""
+    with pytest.raises(NplmError, match=r"^trainer.max_epochs=-1 has no last epoch for optim.plateau_factor=null"):
+        check_config(composed(*NO_CEILING, "optim.plateau_factor=null"))
+    check_config(composed(*NO_CEILING))  # plateaus and early stopping need no ceiling

@@ -9,7 +9,7 @@ import alembic.command
 import mlflow
 import pytest
 import sqlalchemy
-from helpers import SLICE, console_script, run_script
+from helpers import ROOT, SLICE, console_script, run_script
 from mlflow.store.db.utils import _get_alembic_config
 from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
@@ -202,3 +202,15 @@ def test_a_store_lock_that_cannot_be_taken_says_why(tmp_path: Path) -> None:
         check_store(f"sqlite:///{path}")
     assert str(error.value) == f"tracking store {path}: cannot take its lock {path}.lock (Is a directory)"
     assert not path.exists()
+
+
+def test_a_store_leaves_only_git_ignored_files_in_the_checkout(tmp_path: Path) -> None:
+    """The README's quickstart left an untracked mlflow.db.lock beside the store: a file git showed as new. The lock
+    stays (deleting a lock file another process may be opening would let two hold it), and git ignores it."""
+    check_store(f"sqlite:///{tmp_path}/mlflow.db")
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["mlflow.db", "mlflow.db.lock"]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *left], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert ignored.stdout.split() == left, ignored.stderr

@@ -269,7 +269,7 @@ def test_plain_multirun_has_a_parent_run_with_the_values_it_sweeps(brown_path: P
     assert result.returncode == 0 and "MlflowSweep" not in result.stderr, result.stderr[-4000:]
     parent, jobs = split(runs_of(uri))
     assert parent["status"] == "FINISHED" and parent["params.sweep.params.experiment"] == "kn3,del_int"
-    assert parent["tags.sweeper"].endswith("BasicSweeper") and parent["tags.study"] == ""
+    assert parent["tags.sweeper"].endswith("RowsFirst") and parent["tags.study"] == ""  # the basic one, ordered
     assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
     assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["status"] == "FINISHED").all()
 

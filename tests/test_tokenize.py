@@ -10,13 +10,15 @@ from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Any
 
+import nltk.redos
 import pytest
-from helpers import CONF
+from helpers import CONF, composed
 from omegaconf import OmegaConf
 
 from nplm_repro.data.brown import read_brown
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT
-from nplm_repro.data.plain import BROWN_FORMS, brown_forms, brown_words, read_text
+from nplm_repro.data import plain as plain_text
+from nplm_repro.data.plain import BROWN_FORMS, brown_forms, brown_words, read_text, text_pieces
 from nplm_repro.data.text import drop_invisible
 from nplm_repro.errors import NplmError
 
@@ -160,3 +162,39 @@ def test_binary_data_is_refused_in_one_line() -> None:
     for data in (BROWN, TEXT):
         with pytest.raises(NplmError, match=r"^--text x\.bin has a NUL byte at byte 2: binary data, not text$"):
             read_text("ab\x00\x00", data, "--text x.bin")
+
+
+def test_a_long_line_is_cut_in_pieces_each_scanned_within_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100 kB line of one repeated word, in a 50 MB file of them: one paragraph, scanned by one regular expression,
+    past NLTK's 5 s limit (`TimeoutError`, the tokenizer's whole regex in the message). Its pieces each take
+    milliseconds: with the limit at 50 ms here, 2 MB of one line still reads, as the whole read at once reads it."""
+    line = 'The jury said "it was Mr. Smith\'s 50% of $1,000." ' * 40_000  # 2 MB, no blank line, no newline
+    data = composed().data
+    whole = brown_words(line)
+    monkeypatch.setattr(nltk.redos, "DEFAULT_TIMEOUT", 0.05)
+    with pytest.raises(TimeoutError):  # what a scan of the whole line did
+        brown_words(line)
+    assert read_text(line, data, "--text long.txt") == [*whole, "<eop>", "<eot>"]
+
+
+def test_a_file_read_a_piece_at_a_time_gives_the_tokens_of_the_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nplm-score --text` read a 50 MB file whole, 1.6 GB of Python strings; now 1 MB at a time (here 40 bytes, so
+    that characters, paragraphs and a long paragraph are all cut): the same tokens, the same refusals."""
+    text = (
+        "The café's jury said, \u201cit was Mr. Smith\u2019s.\u201d\n\n  \nA second paragraph, on\ntwo lines.\n\n"
+        + "a long paragraph of many words " * 20
+        + "\n\nThe end."
+    )
+    data = composed().data
+    whole = read_text(text, data, "x")
+    monkeypatch.setattr(plain_text, "READ_BYTES", 40)
+    for encoding, given in (("utf-8", None), ("utf-16", None), ("utf-8-sig", None), ("cp1252", "cp1252")):
+        path = tmp_path / f"{encoding}.txt"
+        path.write_bytes(text.encode(encoding))  # utf-16 and utf-8-sig with a byte-order mark
+        assert [w for piece in text_pieces(path, data, "x", encoding=given) for w in piece] == whole, encoding
+    assert whole[:4] == ["The", "café's", "jury", "said"] and whole.count("<eop>") == 4 and len(whole) > 130
+    (tmp_path / "bad.txt").write_bytes(text.encode() + b"\xff and more")
+    with pytest.raises(NplmError, match=rf"^x: not utf-8 text at byte {len(text.encode())} and it has no byte-order"):
+        list(text_pieces(tmp_path / "bad.txt", data, "x"))

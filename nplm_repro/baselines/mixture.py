@@ -79,11 +79,13 @@ class Mixture(Family):
             "a list of at least two row names",
         )
         shifts: Rule = (
-            lambda v: v is None
-            or (
-                isinstance(v, Sequence)
-                and len(v) == len(cfg.model.components)
-                and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in v)
+            lambda v: (
+                v is None
+                or (
+                    isinstance(v, Sequence)
+                    and len(v) == len(cfg.model.components)
+                    and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in v)
+                )
             ),
             "null, or one whole number >= 0 per component (its seed after the mixture's own, among model.seeds)",
         )

@@ -18,10 +18,11 @@ vocabulary, so that a rare abbreviation is one `<unk>` as in Brown's stream, not
 
 from __future__ import annotations
 
+import codecs
 import re
 import textwrap
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 from itertools import pairwise
 from pathlib import Path
@@ -136,15 +137,16 @@ def _tagged(text: str) -> bool:
     return bool(items) and all(TAGGED.fullmatch(item) for item in items)
 
 
-def read_text(text: str, data: Any, name: str, tokenized: bool = False) -> list[str]:
+def read_text(text: str, data: Any, name: str, tokenized: bool = False, at: int = 0) -> list[str]:
     """A user's text as a run on `data` (its data config) reads its corpus, its paragraphs (blocks of non-blank
     lines) marked as the corpus marks them and `<eot>` at its end. With `tokenized`, whitespace-separated tokens
     read as they are; else on Brown, a text in Brown's word/TAG format as Brown's own texts are read, plain text
     cut by `brown_words`; on a text corpus, the run's reader and preprocessing. Invisible characters (zero-width
     joiners, variation selectors, a BOM, ...) are dropped first, as from the corpus's own files (text.py's
-    `drop_invisible`). `name` says what the text is in errors (a NUL: binary data, not text)."""
+    `drop_invisible`). `name` says what the text is in errors (a NUL: binary data, not text), `at` where the text
+    starts in its file (UTF-8 bytes: `text_pieces` reads a file a piece at a time)."""
     if "\x00" in text:
-        at = len(text[: text.index("\x00")].encode())
+        at += len(text[: text.index("\x00")].encode())
         raise NplmError(f"{name} has a NUL byte at byte {at}: binary data, not text")
     text = drop_invisible(text)
     brown = data.corpus == "brown"
@@ -156,7 +158,24 @@ def read_text(text: str, data: Any, name: str, tokenized: bool = False) -> list[
     if _tagged(text):
         return brown_text(text)[0]
     blocks = split_paragraphs(lines, lambda line: [line] if line.strip() else [])
-    return _marked((brown_words("\n".join(block)) for block in blocks), True)
+    return _marked((_block_words(block) for block in blocks), True)
+
+
+PIECE = 1 << 16  # characters: a paragraph longer than this is cut at a space into pieces of about this size
+
+
+def _block_words(lines: list[str]) -> list[str]:
+    """`brown_words` of a paragraph, a long one piece by piece (`PIECE`, cut after a space: no token spans one), so
+    that its time grows with its length, never past NLTK's time limit on one regular-expression scan (a 100 kB line
+    of one repeated word, in a 50 MB file of them, timed out). A straight quote open at a cut is read by turns."""
+    text = "\n".join(lines)
+    words: list[str] = []
+    start = 0
+    while start < len(text):
+        end = len(text) if len(text) - start <= PIECE else text.find(" ", start + PIECE) + 1 or len(text)
+        words += brown_words(text[start:end])
+        start = end
+    return words
 
 
 def read_context(text: str, data: Any, name: str) -> list[str]:
@@ -199,3 +218,74 @@ if __name__ == "__main__":
     import sys
 
     write_forms(Path(sys.argv[1]))
+
+
+# Byte-order marks, the longest first (UTF-32 LE's begins with UTF-16 LE's): what a file without --encoding is read as
+BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+READ_BYTES = 1 << 20  # a file is decoded this much at a time
+BLANK_LINE = re.compile(r"\n[^\S\n]*\n")  # where a paragraph ends (tokens.py `split_paragraphs`)
+
+
+def text_encoding(raw: bytes, default: str) -> str:
+    """The encoding the byte-order mark at the start of `raw` names (Windows' Notepad writes UTF-16 with one), else
+    `default`."""
+    return next((encoding for bom, encoding in BOMS if raw.startswith(bom)), default)
+
+
+def text_pieces(
+    path: Path, data: Any, name: str, tokenized: bool = False, encoding: str | None = None
+) -> Iterator[list[str]]:
+    """A user's text file as `read_text` reads it, a piece at a time, so that the memory it takes does not grow with
+    the file: on Brown, whole paragraphs of about READ_BYTES (a longer paragraph in pieces cut at a space, its
+    `<eop>` after its last), `<eot>` after the last piece; a text corpus's reader reads the file whole (it judges
+    proper nouns on the whole text). Decoded as `encoding` says (`--encoding`), else as its byte-order mark says
+    (`text_encoding`), else as the run's corpus is (Brown: UTF-8); a byte that is not text is named."""
+    with path.open("rb") as file:
+        chosen = encoding or text_encoding(file.read(4), "utf-8" if data.corpus == "brown" else data.encoding)
+        file.seek(0)
+        decoder = codecs.getincrementaldecoder(chosen)()
+        size = READ_BYTES if data.corpus == "brown" else -1
+        pending, done, at = "", 0, 0  # text not yet read, bytes decoded, UTF-8 bytes of the text read
+        while True:
+            block = file.read(size)
+            last = not block or size < 0
+            buffered = len(decoder.getstate()[0])  # bytes of a character that the last block cut
+            try:
+                pending += decoder.decode(block, final=last)
+            except UnicodeDecodeError as error:
+                said = "" if encoding else " and it has no byte-order mark"
+                raise NplmError(
+                    f"{name}: not {chosen} text at byte {done - buffered + error.start}{said}: give its encoding "
+                    "(--encoding utf-16, --encoding latin-1, ...) or convert it (iconv -f <encoding> -t utf-8)"
+                ) from None
+            done += len(block)
+            cut, whole = (len(pending), True) if last else _cut(pending)
+            if cut:
+                piece, pending = pending[:cut], pending[cut:]
+                words = read_text(piece, data, name, tokenized, at)
+                if words[-1:] == [END_OF_TEXT]:  # the file's comes after its last piece
+                    words.pop()
+                if not whole and words[-1:] == [END_OF_PARAGRAPH]:
+                    words.pop()  # a paragraph cut at a space goes on in the next piece
+                at += len(piece.encode())
+                yield words
+            if last:
+                yield [END_OF_TEXT]
+                return
+
+
+def _cut(text: str) -> tuple[int, bool]:
+    """Where a piece of `text` ends, and whether a paragraph ends there: after its last blank line, else, past
+    READ_BYTES, after its last space (the paragraph goes on); 0 to read on."""
+    last = None
+    for last in BLANK_LINE.finditer(text):
+        pass
+    if last is not None:
+        return last.end(), True
+    return (text.rfind(" ") + 1 if len(text) > READ_BYTES else 0), False

@@ -224,8 +224,10 @@ class LanguageModule(L.LightningModule, Family):
         # Logged by hand, not by self.log(on_step, on_epoch) on every batch: that costs about 4% of a step.
         self._seen += tokens
         self._loss_sum += loss.detach() * tokens
-        if batch_idx % self.trainer.log_every_n_steps == 0:  # not every step: a GPU would wait for the check
+        logged = batch_idx % self.trainer.log_every_n_steps == 0
+        if logged or loss.device.type == "cpu":  # a GPU would wait for the check; a CPU's costs nothing
             self._check_finite(loss)
+        if logged:
             self.log("train_loss_step", loss)
 
     def _check_finite(self, loss: torch.Tensor) -> None:

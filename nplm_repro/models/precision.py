@@ -154,14 +154,37 @@ def device_rates(device: str = "cpu") -> dict[str, float]:
     return rates
 
 
+def cuda_chosen(accelerator: str) -> bool:
+    """Whether a run on `accelerator` (trainer.accelerator) trains on CUDA."""
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 units (AVX-512 BF16, AMX) that oneDNN uses: without them bf16-mixed emulates its
+    products, about 60 times slower than float32 (an AVX2-only EPYC)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
+def warn_slow_bf16(cpu: str) -> None:
+    """Once a process: bf16-mixed on a CPU without bfloat16 units trains, but many times slower than float32."""
+    log.warning(
+        "trainer.precision=bf16-mixed on %s, which has no bfloat16 units: its products are emulated, many times "
+        "slower than float32 (trainer.precision=auto measures and chooses)",
+        cpu,
+    )
+
+
 def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, str]]:
     """The concrete precision for `precision` (auto, 32-true or bf16-mixed) on `accelerator`, and tags saying
     how auto chose it (`precision.auto`, `precision.<dtype>_gflops`); explicit values pass through untouched."""
+    if precision == "bf16-mixed" and not cuda_chosen(accelerator) and not cpu_has_bf16():
+        warn_slow_bf16(json.loads(cpu_model()).get("model name", "this CPU"))
     if precision != "auto":
         return precision, {}
     try:
         device = "cpu"
-        if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
+        if cuda_chosen(accelerator):
             if not torch.cuda.is_bf16_supported():
                 return "32-true", {"precision.auto": f"32-true: cuda {torch.cuda.get_device_name()} has no bfloat16"}
             device = "cuda"

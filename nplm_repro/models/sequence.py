@@ -15,6 +15,7 @@ Recipes (`optim.recipe`):
   the run's steps, then falling along a cosine to a tenth of `optim.lr` at `trainer.max_epochs` (`plateau_factor`
   null: a fixed budget), or kept until an epoch does not improve validation and then multiplied by
   `optim.plateau_factor`, the run ended by early stopping (train to convergence, `trainer.max_epochs` a ceiling).
+  Without a ceiling (`trainer.max_epochs=-1`) the rise spans the first epoch: the run's length is not known.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import nn
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
+from nplm_repro.errors import NplmError
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.outputs import Head
 from nplm_repro.models.schedules import schedules
@@ -58,6 +60,19 @@ class SequenceModule(LanguageModule):
             "model.tie": flag(),
             "model.output": one_of(*OUTPUTS),
         }
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """The cosine of `adamw` without plateaus falls to its floor at the run's last step: a run without a
+        ceiling (trainer.max_epochs=-1, no trainer.max_steps) has none."""
+        super().check(cfg)
+        trainer, optim = cfg.trainer, cfg.optim
+        unbounded = trainer.get("max_epochs") == -1 and trainer.get("max_steps", -1) == -1
+        if optim.get("recipe") == "adamw" and optim.get("plateau_factor") is None and unbounded:
+            raise NplmError(
+                "trainer.max_epochs=-1 has no last epoch for optim.plateau_factor=null's cosine to fall to: give "
+                "trainer.max_epochs, or a plateau_factor (the rate drops on plateaus, early stopping ends the run)"
+            )
 
     def __init__(self, optim: dict[str, Any]) -> None:
         super().__init__()
@@ -153,8 +168,14 @@ class SequenceModule(LanguageModule):
             optimizer = torch.optim.SGD(groups, lr=o["lr"])
             return [optimizer], schedules(optimizer, None, o.get("plateau_factor"), 1)
         optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=(0.9, 0.98))
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warmup = max(int(o.get("warmup", 0.0) * total), 1)
+        total = self.trainer.estimated_stepping_batches  # inf without a ceiling (trainer.max_epochs=-1)
+        if math.isfinite(total):
+            total = max(int(total), 1)
+            warmup = max(int(o.get("warmup", 0.0) * total), 1)
+        else:  # the run's length is unknown: the rise spans the first epoch (only plateaus run without a ceiling)
+            self.trainer.fit_loop.setup_data()  # what estimated_stepping_batches does, but for a run without a ceiling
+            epoch = math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
+            warmup = max(epoch, 1) if o.get("warmup") else 1
         if o.get("plateau_factor") is not None:  # to convergence: the rise, then drops on plateaus until stopped
             return [optimizer], schedules(optimizer, None, o["plateau_factor"], 1, warmup)
 

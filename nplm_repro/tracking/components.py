@@ -111,6 +111,11 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
                     f"model.components: no finished run of row {name!r} with seed {seed} in study "
                     f"{of or '(none)'} on this data"
                 )
+                if seeded and seeded[0].info.status == "KILLED":  # the newest: stopped, not failed
+                    raise NplmError(
+                        f"{why}: its run {seeded[0].info.run_id} was killed before it ended; the command that ran it "
+                        "resumes it (a trained row from its last epoch), then this mixture can run"
+                    )
                 if any(r.info.status == "FAILED" for r in seeded):
                     raise ComponentFailed(f"{why}: its run failed, so this mixture fails with it")
                 raise NplmError(f"{why}: run that row first (a mixed row comes after its rows)")

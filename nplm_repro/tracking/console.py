@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import one_line
 from nplm_repro.progress import STATUS_ENV, add_display, read_status, report_status
-from nplm_repro.tracking.sweep import BASIC_SWEEPER, jobs
+from nplm_repro.tracking.sweep import KNOWN_JOBS, jobs
 
 OUTPUT_LOG = "output.log"  # in each job's directory: everything the job printed
 STATUS_DIR = ".jobs"  # in the sweep's directory: one status file per job, <job number>.json
@@ -111,7 +111,7 @@ class SweepConsole(Callback):
     # In the launching process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+        if config.hydra.sweeper._target_ not in KNOWN_JOBS:
             return
         self.in_process = config.hydra.launcher._target_ == BASIC_LAUNCHER
         if "joblib" not in config.hydra.launcher._target_:

@@ -66,10 +66,11 @@ def _git(code: Path, *args: str) -> str:
     return subprocess.run(command, cwd=code, capture_output=True, encoding="utf-8", errors="replace", check=True).stdout
 
 
-# What runs besides the package, as git pathspecs from the checkout's top: the configs every job composes (conf/,
-# installed as nplm_repro.conf, and sweeps/, its study/) and pyproject.toml, which decides the dependencies and the
-# commands. Not reports/ (which the README's quickstart rewrites), docs/, tests/ or the README: none of them runs.
-RUNS_BESIDE = (":(top)conf", ":(top)sweeps", ":(top)pyproject.toml")
+# What runs besides the package, as git pathspecs from the checkout's top: every other package pyproject.toml
+# installs (hydra_plugins/, the search's sweeper, which every nplm-train imports), the configs every job composes
+# (conf/, installed as nplm_repro.conf, and sweeps/, its study/) and pyproject.toml, which decides the dependencies
+# and the commands. Not reports/ (which the README's quickstart rewrites), docs/, tests/ or the README: none runs.
+RUNS_BESIDE = (":(top)hydra_plugins", ":(top)conf", ":(top)sweeps", ":(top)pyproject.toml")
 
 
 def code_state(code: Path = CODE) -> tuple[str, str]:

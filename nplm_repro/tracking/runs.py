@@ -303,6 +303,13 @@ def newest_finished(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["state"] == "finished"].sort_values(["start_time", "run_id"]).groupby("seed").last()
 
 
+def _stopped(runs: pd.DataFrame) -> str:
+    """How a configuration with no finished or running run stands: 'killed' when its newest run was (Ctrl-C, SIGTERM:
+    the same command resumes it), else 'failed'."""
+    newest = runs.sort_values(["start_time", "run_id"]).iloc[-1]
+    return "killed" if newest["status"] == "KILLED" else "failed"
+
+
 def summarise(runs: pd.DataFrame) -> dict[str, object]:
     """One configuration: per seed its newest FINISHED run; mean and std over seeds; what is running or failed."""
     finished = newest_finished(runs)
@@ -311,7 +318,7 @@ def summarise(runs: pd.DataFrame) -> dict[str, object]:
         "seeds": len(finished),
         "running": len(running_seeds),
         "failed": int((runs["state"] == "failed").sum()),
-        "status": "finished" if len(finished) else "running" if running_seeds else "failed",
+        "status": "finished" if len(finished) else "running" if running_seeds else _stopped(runs),
         "run_ids": " ".join(finished["run_id"]),
         "dirty_runs": int(dirty(finished).sum()) if len(finished) else 0,  # of the runs averaged
         "config_id": hashlib.sha256(runs["config"].iloc[0].encode()).hexdigest()[:8],

@@ -32,7 +32,7 @@ from nplm_repro.baselines.mixture import Mixed, fit_mixed
 from nplm_repro.baselines.ngram import split_windows
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
-from nplm_repro.data.plain import read_context, read_text
+from nplm_repro.data.plain import read_context, text_pieces
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Family
 from nplm_repro.models.language_module import LanguageModule
@@ -181,27 +181,27 @@ class RunScorer:
                 raise NplmError(f"{word!r} is not in the run's vocabulary ({len(index):,} words){hint}")
         return [index[w] for w in words]
 
-    def text(self, path: Path, tokenized: bool = False) -> Tokens:
+    def text(self, path: Path, tokenized: bool = False, encoding: str | None = None) -> Tokens:
         """A user's text file, read as the run reads its corpus (plain.py's `read_text`; `tokenized`: its
         whitespace-separated tokens as they are), its words outside the run's vocabulary as `<unk>`: a corpus of its
         own over the run's vocabulary, the whole text one span. A file that is no text, or has no words, is refused:
-        it would be scored as a text of only its end marks."""
+        it would be scored as a text of only its end marks. `encoding`: the file's (`--encoding`); else the one its
+        byte-order mark says (UTF-8, UTF-16, UTF-32: `text_encoding`), else the run's corpus's."""
         name = f"--text {path}"
-        encoding = "utf-8" if self.cfg.data.corpus == "brown" else self.cfg.data.encoding
-        try:
-            text = path.read_bytes().decode(encoding)  # a BOM: read_text drops it, with every invisible character
-        except OSError as error:
-            raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
-        except UnicodeDecodeError as error:
-            raise NplmError(f"{name}: not {encoding} text (byte {error.start}): a binary file?") from None
-        words = read_text(text, self.cfg.data, name, tokenized)
-        if all(w in (END_OF_PARAGRAPH, END_OF_TEXT) for w in words):
-            raise NplmError(f"{name}: no words in it (an empty or blank file): nothing to score")
         index = {w: i for i, w in enumerate(self.corpus.vocab)}
         unk = index[UNK]
-        ids = torch.tensor([index.get(w, unk) for w in words], dtype=torch.int64)
+        pieces, unknown, words = [], Counter(), 0
+        try:
+            for piece in text_pieces(path, self.cfg.data, name, tokenized, encoding):
+                pieces.append(np.fromiter((index.get(w, unk) for w in piece), np.int64, len(piece)))
+                unknown.update(w for w in piece if w not in index)
+                words += sum(w not in (END_OF_PARAGRAPH, END_OF_TEXT) for w in piece)
+        except OSError as error:
+            raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
+        if not words:
+            raise NplmError(f"{name}: no words in it (an empty or blank file): nothing to score")
+        ids = torch.from_numpy(np.concatenate(pieces))
         corpus = Corpus(self.corpus.name, self.corpus.vocab, ids, {TEXT: (0, len(ids))}, texts=(path.name,))
-        unknown = Counter(w for w in words if w not in index)
         return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, unknown)
 
     def logprob(self, tokens: Tokens) -> np.ndarray:

@@ -14,7 +14,8 @@ validation it reports the epoch's perplexity to the trial and asks `pruner`; a t
 stopping stops a run, so it is scored and tracked like any run, with the metric `pruned_epoch`. Ctrl-C or SIGTERM
 stops the search at once: its running trials' runs end KILLED. The search resumes: the same command after a stop
 launches the trials it left running again, with the same numbers, so the ledger resumes their runs from their
-last epoch, then asks for new ones until the budget is spent.
+last epoch, then asks for new ones until the budget is spent. A study is resumed only by a search of the same corpus,
+store and fixed config, which it keeps as its binding (search_checks.py checks it before the sweep's store is made).
 """
 
 from __future__ import annotations
@@ -42,25 +43,17 @@ from lightning.pytorch.callbacks import Callback, Timer
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking.search_checks import BINDING, binding, import_optuna
 
 log = logging.getLogger(__name__)
 MONITOR = "valid_ppl_epoch"
 STARTS = 0.9  # of the CPU hours: no trial starts after them, as one would be cut by the budget after an epoch or two
 
 
-def _optuna() -> Any:
-    """Optuna, imported when a search runs (the extra `optuna`): plain runs never load it."""
-    try:
-        import optuna
-    except ImportError:
-        raise NplmError("hparams_search needs Optuna 4 or later: .venv/bin/pip install -e '.[optuna]'") from None
-    return optuna
-
-
 def space(params: dict[str, str], arguments: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """The distributions of the swept keys (`params`, then the command line's sweeps: `interval(a, b)`,
     `tag(log, interval(a, b))`, `choice(a, b)`, `range(a, b)`) and the command line's plain overrides."""
-    optuna = _optuna()
+    optuna = import_optuna()
     overrides = [f"{k}={v}" for k, v in params.items()] + list(arguments)
     found: dict[str, Any] = {}
     fixed: list[str] = []
@@ -128,7 +121,7 @@ class Search(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> None:
-        optuna = _optuna()
+        optuna = import_optuna()
         distributions, fixed = space(self.params, arguments)
         self._storage = optuna.storages.RDBStorage(self.storage)
         study = optuna.create_study(
@@ -139,6 +132,8 @@ class Search(Sweeper):
             direction=self.direction,
             load_if_exists=True,
         )
+        if BINDING not in study.user_attrs:  # made now, or before bindings were kept (search_checks.py)
+            study.set_user_attr(BINDING, binding(self.config))
         self._next_job = len(study.trials)
         left = [optuna.trial.Trial(study, t._trial_id) for t in study.trials if t.state.name == "RUNNING"]
         if left:
@@ -207,7 +202,7 @@ class Search(Sweeper):
         return result
 
     def _tell(self, study: Any, trial: Any, result: JobReturn) -> list[str]:
-        optuna = _optuna()
+        optuna = import_optuna()
         if result.status != JobStatus.COMPLETED:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             why = f"trial {trial.number}: {type(result._return_value).__name__}: {result._return_value}"
@@ -258,7 +253,7 @@ class Pruning(Callback):
         self._study: Any = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        optuna = _optuna()
+        optuna = import_optuna()
         self._study = optuna.load_study(study_name=self.study_name, storage=self.storage, pruner=self.pruner)
         frozen = next(t for t in self._study.get_trials(deepcopy=False) if t.number == self.number)
         self._trial = optuna.trial.Trial(self._study, frozen._trial_id)

@@ -50,6 +50,9 @@ from nplm_repro.tracking.runs import MIX
 log = logging.getLogger(__name__)
 
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+# The sweepers whose jobs are known before any runs: Hydra's basic one, and the default that orders its jobs
+# (`hydra/sweeper=basic`: tracking/sweep_order.py); Optuna's draws its trials as it goes
+KNOWN_JOBS = frozenset({BASIC_SWEEPER, "hydra_plugins.nplm_repro_search.RowsFirst"})
 MODULE = "nplm_repro.conf"  # the package's configs, conf/ (its study/ is sweeps/)
 COPY = "nplm_report_study"  # the name a study file outside the package is composed under: no installed study's
 
@@ -210,7 +213,7 @@ def study_rows(study: str, path: Path | None, where: str) -> set[str] | None:
     else:
         text = path.read_text()
     sweeper = ((yaml.safe_load(text) or {}).get("hydra") or {}).get("sweeper") or {}
-    if not sweeper.get("params") or sweeper.get("_target_", BASIC_SWEEPER) != BASIC_SWEEPER:
+    if not sweeper.get("params") or sweeper.get("_target_", BASIC_SWEEPER) not in KNOWN_JOBS:
         return None
     with tempfile.TemporaryDirectory() as folder, initialize_config_module(MODULE, version_base="1.3"):
         chosen = [f"study={study}"]

@@ -1,8 +1,9 @@
 """Sweeps (`nplm-train -m study=<study>`, any `-m`): one MLflow parent run per sweep, every job's run nested under it.
 
 `MlflowSweep` is a Hydra callback (conf/config.yaml, `hydra.callbacks`). In the launching process, before any
-job starts, it refuses what would fail later (a report directory that cannot be written, a declaration of its report
-that the report cannot apply, a job that does not compose: `check_report_dir`, `check_declaration`, `compose_jobs`),
+job starts, it refuses what would fail later (a search that could run nothing or would resume another's study, a
+report directory that cannot be written, a declaration of its report that the report cannot apply, a job that does
+not compose: `check_search`, `check_report_dir`, `check_declaration`, `compose_jobs`),
 each one line and exit 2 with nothing written; then it creates the
 store (so parallel jobs never race to create SQLite's tables) and the parent run:
 tags `sweep=true`, `study`, `sweep_dir`, params the command-line overrides and the swept values. Every `-m`
@@ -64,9 +65,10 @@ from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
 from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.registry import register_best
+from nplm_repro.tracking.search_checks import check_search
 from nplm_repro.tracking.store import check_store, ensure_experiment
 from nplm_repro.tracking.study_rows import (
-    BASIC_SWEEPER,
+    KNOWN_JOBS,
     check_controlled,
     composed,
     declared_rows,
@@ -120,7 +122,7 @@ def check_declaration(config: DictConfig) -> None:
     study = config.hydra.runtime.choices.get("study")  # the study file chosen, null for `+reporting...` alone
     where = f"study={study}" if study else "reporting"
     spec = checked(OmegaConf.to_container(config.reporting, resolve=True), where)
-    if not study or not claimed_rows(spec) or config.hydra.sweeper._target_ != BASIC_SWEEPER:
+    if not study or not claimed_rows(spec) or config.hydra.sweeper._target_ not in KNOWN_JOBS:
         return
     loader = GlobalHydra.instance().config_loader()
     params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {}, resolve=False)
@@ -138,7 +140,7 @@ def compose_jobs(config: DictConfig) -> None:
     experiment=kn3,mlp9 model.h=16`: an n-gram has no h) or a `data.path` that is not there is one line naming the
     jobs that refuse it. Jobs that differ only in their seed compose and check alike, so one of them is composed.
     Only the basic sweeper's jobs are known beforehand (Optuna draws a search's trials as it goes)."""
-    if config.hydra.sweeper._target_ != BASIC_SWEEPER:
+    if config.hydra.sweeper._target_ not in KNOWN_JOBS:
         return
     loader = GlobalHydra.instance().config_loader()
     every = jobs(config)
@@ -246,6 +248,7 @@ class MlflowSweep(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         key = sweep_key(study, overrides, params)
         with errors_exit():  # before anything is written: Hydra would only warn of a callback's error and go on
+            check_search(config)  # a search's budget, space and study (search_checks.py)
             if self.writes_report():
                 check_report_dir(self.report)
             check_declaration(config)

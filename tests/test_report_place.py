@@ -1,0 +1,57 @@
+"""A sweep's report never replaces a study's report made of other runs (reporting/replacing.py): one tiny job of a
+committed study, into a scratch store, leaves the committed report's bytes as they were and writes its own beside
+them; a report of the same corpus built from every run it was made of replaces it. Real commands, a real store,
+the committed report."""
+
+import hashlib
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+from helpers import ROOT, data_slice, run_script
+
+from nplm_repro.reporting.replacing import place
+
+TINY_JOB = ["experiment=kn3", "study=brown_modern", "seed=1", *data_slice(7_000, 1_000, 1_000), "hydra/launcher=basic"]
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.slow  # one job and a report, about 25 s
+def test_one_tiny_job_of_a_committed_study_leaves_its_report_unchanged(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """It exited 0 and rewrote reports/brown_modern.{md,csv,tex,html} and figures as a one-row report of the tiny
+    corpus. The committed files are copied into the job's report folder, as a clone has them."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for path in ROOT.glob("reports/brown_modern*"):
+        if path.is_file():
+            shutil.copy2(path, reports / path.name)
+    committed = digests(reports)
+    assert "brown_modern.md" in committed and "brown_modern.csv" in committed
+    job = [*TINY_JOB, f"data.path={tiny_brown_path}", "tracking.uri=sqlite:///scratch.db", f"report={reports}"]
+    result = run_script("nplm-train", *job, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert digests(reports) == committed
+    (beside,) = [p for p in reports.iterdir() if p.is_dir()]
+    assert beside.name.startswith("brown_modern-") and (beside / "brown_modern.md").is_file()
+    said = f"report: {reports}/brown_modern.md is made of another corpus (fingerprint b45c28977b58c44b): it is kept"
+    assert said in result.stdout and f"this report is written to {beside}/" in result.stdout
+
+
+def report_of(study: str, fingerprint: str, *run_ids: str) -> SimpleNamespace:
+    """What `place` reads of a report: its study, data fingerprint and table's run ids."""
+    return SimpleNamespace(study=study, fingerprint=fingerprint, table=pd.DataFrame({"run_ids": list(run_ids)}))
+
+
+def test_a_report_is_replaced_only_by_one_of_its_corpus_holding_all_its_runs(tmp_path: Path) -> None:
+    assert place(report_of("s", "f1", "a b"), tmp_path) == tmp_path  # none there
+    (tmp_path / "s.md").write_text("Data: corpus `brown`, fingerprint `f1`, |V| = 10\n")
+    pd.DataFrame({"run_ids": ["a b", "c"]}).to_csv(tmp_path / "s.csv", index=False)
+    assert place(report_of("s", "f1", "a b", "c d"), tmp_path) == tmp_path  # its runs and more: a new seed
+    assert place(report_of("s", "f1", "a b"), tmp_path) == tmp_path / "s-f1"  # c: another store's
+    assert place(report_of("s", "f2", "a b", "c"), tmp_path) == tmp_path / "s-f2"  # another corpus
+    assert place(report_of("t", "f2", "x"), tmp_path) == tmp_path  # another study's report is not this one
