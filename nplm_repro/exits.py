@@ -78,7 +78,9 @@ def mixture_hint(message: str, argv: list[str]) -> str:
             if (config := _config("experiment", other)).get("row") in rows and _has(config, key)
             for row in [config["row"]]
         ]
-        where = f"belongs to the run of {' and '.join(having)}, run by its own command" if having else "is a key of none"
+        where = (
+            f"belongs to the run of {' and '.join(having)}, run by its own command" if having else "is a key of none"
+        )
         return (
             f" ({mixture.get('row', name)} is a mixture of the rows {' and '.join(rows)}, which mixes their finished "
             f"runs: model.{key} {where}{'' if having else ' of their models either'})"
