@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
-from nplm_repro.tracking.features import PROBES
+from nplm_repro.tracking.features import MIN_COUNT, PROBES
 from nplm_repro.tracking.registry import CHAMPION, register_best
 from nplm_repro.tracking.scoring import RunScorer
 from nplm_repro.tracking.served import model_of
@@ -115,8 +115,11 @@ def test_every_mlp_run_lays_out_its_word_features_and_the_report_shows_them(
     }
     report = build(uri, "brown", "brown_table1")  # an MLP5 run without a study: Table 1's row
     assert report.learned is not None and report.learned.run_id == run_id
-    vocab = RunScorer(uri, run_id).corpus.vocab
-    assert [line.split(":")[0] for line in report.learned.neighbours] == [w for w in PROBES if w in vocab]
+    corpus = RunScorer(uri, run_id).corpus
+    vocab, (start, end) = corpus.vocab, corpus.bounds["train"]
+    seen = torch.bincount(corpus.ids[start:end], minlength=len(vocab))  # a probe is listed once trained 50 times
+    listed = [w for w in PROBES if w in vocab and seen[vocab.index(w)] >= MIN_COUNT]
+    assert listed and [line.split(":")[0] for line in report.learned.neighbours] == listed
     first, perplexities = report.learned.sentences[:2]
     assert first.startswith("The cat is walking in the bedroom: P(word | before) MLP / Del. Int.: The ")
     assert "cat (<unk>)" in first or "cat" in vocab

@@ -105,13 +105,10 @@ def test_run_lands_in_mlflow_with_params_metrics_tags(trained: tuple[Path, str],
     # the report's costs: 2 epochs, and the seconds in fit, within the run's own span
     assert run["metrics.epochs"] == 2
     assert 0 < run["metrics.fit_seconds"] < (run["end_time"] - run["start_time"]).total_seconds()
-    # trainer.precision=auto (the default) is logged as what it resolved to, with the rates it chose by
-    chosen, rates = (
-        run["params.trainer.precision"],
-        (float(run["tags.precision.bfloat16_gflops"]), float(run["tags.precision.float32_gflops"])),
-    )
-    assert chosen == ("bf16-mixed" if rates[0] > rates[1] else "32-true")
-    assert run["tags.precision.auto"].startswith(chosen)
+    # trainer.precision=auto (the default) is logged as what it resolved to, and why: an MLP is not shown to train as
+    # well in bf16-mixed yet (models/precision.py NEUTRAL), so 32-true on every CPU, unprobed
+    assert run["params.trainer.precision"] == "32-true"
+    assert run["tags.precision.auto"].startswith("32-true: bf16-mixed is not shown to leave mlp's perplexity")
     client = MlflowClient(uri)
     history = client.get_metric_history(run["run_id"], "valid_ppl_epoch")
     assert [m.step for m in history] and len(history) == 2
