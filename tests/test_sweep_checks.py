@@ -177,7 +177,7 @@ def test_a_study_file_that_is_not_yaml_is_one_line_naming_the_file_and_the_line(
             "  claims:\n  - claim: Kneser-Ney beats Del. Int.\n    bigger: [[Del. Int., Kneser-Ney back-off n=3]]",
             (
                 "claim 'Kneser-Ney beats Del. Int.' has an unknown kind bigger (kinds: better, equivalent, more, "
-                "faster; beside them: claim, by, margin)"
+                "faster; beside them: claim, by, margin, varies)"
             ),
         ),
         (

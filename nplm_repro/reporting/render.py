@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from nplm_repro.reporting.figures import draw
 from nplm_repro.reporting.runs import run_text, short_commit
 from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, display
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.tracking.runs import present
 
 DIRTY_NOTE = (
     f"Rows marked{DIRTY_MARK} average runs made from code with uncommitted changes (the package, conf/, sweeps/ or "
@@ -223,10 +225,20 @@ def _recipe_sections(report: Report) -> list[Section]:
     ]
 
 
+NUMBER = re.compile(r"[-+]?[\d,]*\.?\d+(%|x)?")  # 1,105.0, -79.8%, 6.0x
+
+
+def _numbers(column: pd.Series) -> bool:
+    """Whether a column holds numbers (as text or not), blanks aside: it is aligned to the right."""
+    cells = [str(v) for v in column if present(v) and str(v) != ""]
+    return bool(cells) and all(NUMBER.fullmatch(cell) for cell in cells)
+
+
 def _markdown_table(frame: pd.DataFrame) -> str:
     """A plain table as pandas writes it; the main table's two header levels as one (the split over `ours`)."""
-    if not isinstance(frame.columns, pd.MultiIndex):
-        return frame.to_markdown(index=False, disable_numparse=True)  # a number as written: 257.0 stays 257.0
+    if not isinstance(frame.columns, pd.MultiIndex):  # a number as written (257.0 stays 257.0), to the right
+        align = ["right" if _numbers(frame[column]) else "left" for column in frame.columns]
+        return frame.to_markdown(index=False, colalign=align, disable_numparse=True)
     headers = [top if sub == "ours" else sub for top, sub in frame.columns]
     align = ["left" if sub in ("row", "seeds") else "right" for _, sub in frame.columns]
     return frame.to_markdown(index=False, headers=headers, colalign=align, disable_numparse=True)

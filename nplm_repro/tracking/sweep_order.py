@@ -12,9 +12,11 @@ starts, so under the parallel launcher too a mixture starts once its rows' jobs 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins import basic_sweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from hydra.plugins.sweeper import Sweeper
@@ -55,7 +57,25 @@ class RowsFirst(Sweeper):
         self.basic.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        return self.basic.sweep(arguments)
+        """The basic sweeper's loop, with every batch launched whether a job of an earlier one failed or not: a row's
+        failure stops no other row's mixture (a mixture of the failed row fails on its own, naming it), and the
+        first failure is raised once every batch has run, as the launcher does within one batch."""
+        basic = self.basic
+        params = [f"{key}={value}" for key, value in (basic.params or {}).items()] + list(arguments)
+        parser = OverridesParser.create(config_loader=basic.hydra_context.config_loader)
+        basic.overrides = self.split_arguments(parser.parse_overrides(params), basic.max_batch_size)
+        folder = Path(basic.config.hydra.sweep.dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(basic.config, folder / "multirun.yaml")
+        returns, launched = [], 0
+        while not basic.is_done():
+            batch = basic.get_job_batch()
+            basic.validate_batch_is_legal(batch)
+            returns.append(basic.launcher.launch(batch, initial_job_idx=launched))
+            launched += len(batch)
+        for result in (r for results in returns for r in results):
+            _ = result.return_value  # a failed job's error, raised now that every batch has run
+        return returns
 
     def split_arguments(self, overrides: list[Override], max_batch_size: int | None) -> list[list[list[str]]]:
         basic = basic_sweeper.BasicSweeper
