@@ -99,6 +99,7 @@ def test_a_sweep_refuses_a_cycle_of_mixtures_and_a_component_two_configurations_
     check_components({"Kneser-Ney back-off": {"experiment=kn3": [], "experiment=kn5": []}})  # no one mixes it
 
 
+@pytest.mark.slow  # about 20 s: two small MLPs trained
 def test_a_row_mixed_with_another_seed_of_itself_mixes_two_runs_counting_round_the_seeds(store: str) -> None:
     """The control of a mixture claim (experiment=lstm_lstm's shape, on a small MLP): seed 1 mixes the row's runs of
     seeds 1 and 2, seed 2 those of 2 and 1; each weight is logged under its own name, and two runs of one model
