@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 from hydra import compose, initialize_config_module
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -157,16 +158,8 @@ def job_config(job: DictConfig) -> dict[str, str]:
     tree = {g: OmegaConf.to_container(job[g], resolve=True) for g in ("data", "model", "optim", "trainer")}
     tree["callbacks"] = {"early_stopping": OmegaConf.to_container(job.callbacks.early_stopping, resolve=True)}
     tree["model"].pop("_target_", None)
-    flat: dict[str, str] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}.{key}" if prefix else str(key))
-        elif not prefix.startswith(BOOKKEEPING):
-            flat[prefix] = str(node)
-
-    walk(without_unused(tree), "")
+    flat = pd.json_normalize(without_unused(tree), sep=".").iloc[0].items()  # as records.py `flat_params` flattens
+    flat = {key: str(value) for key, value in flat if not key.startswith(BOOKKEEPING)}
     return IMPLIED | flat
 
 
