@@ -1,5 +1,5 @@
-"""The LSTM's regularisers (models/dropout.py, model.locked, word_dropout, weight_drop): each does what its paper
-says to the tensors it touches, and none of them touches evaluation."""
+"""The LSTM's regularisers (models/dropout.py, model.locked, word_dropout, weight_drop) and the Transformer's
+dropouts: each does what its paper says to the tensors it touches, and none of them touches evaluation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 
 from nplm_repro.models import dropout
 from nplm_repro.models.lstm import LSTMModule
+from nplm_repro.models.transformer import TransformerModule
 
 OPTIM = {"recipe": "adamw", "lr": 1e-3, "weight_decay": 0.01}
 
@@ -83,3 +84,25 @@ def test_a_checkpoint_of_one_multi_layer_lstm_loads_with_the_same_outputs() -> N
     x = torch.randint(0, 50, (2, 6))
     expected, _ = old(model.embedding(x))
     assert torch.allclose(model.hidden(x)[0], expected, atol=1e-6)
+
+
+def test_the_transformer_drops_attention_and_embedding_at_their_own_rates_and_only_in_training() -> None:
+    """With the residual branches' dropout at 0, attention dropout alone still changes a training pass, embedding
+    dropout alone too; either at null takes `dropout` (0 here: the pass is the evaluation pass); evaluation never
+    drops."""
+    x = torch.randint(0, 50, (2, 8))
+
+    def passes(**knobs: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        model = TransformerModule(50, 16, 2, 2, 8, 0.0, True, OPTIM, **knobs)
+        model.eval()
+        evaluated = model.hidden(x)[0]
+        model.train()
+        torch.manual_seed(1)
+        return model.hidden(x)[0], evaluated
+
+    trained, evaluated = passes(dropout_attention=None, dropout_embedding=None)
+    assert torch.equal(trained, evaluated)
+    for knob in ("dropout_attention", "dropout_embedding"):
+        trained, evaluated = passes(**{knob: 0.5})
+        assert not torch.allclose(trained, evaluated), knob

@@ -29,7 +29,7 @@ from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exact
 from nplm_repro.reporting.render import write
-from nplm_repro.reporting.search import search_note
+from nplm_repro.reporting.search import at_edge, search_note
 from nplm_repro.reporting.tables import Report, build, improving
 from nplm_repro.studies import declaration
 from nplm_repro.tracking import ledger
@@ -1007,7 +1007,67 @@ def test_a_search_report_counts_a_trial_that_recorded_no_run() -> None:
     runs = pd.DataFrame([trial | {"trial": "0"}, trial | {"trial": "2", "valid_ppl": 290.0}])
     lines = search_note(runs)
     assert lines[0].startswith("Trials: 3 (2 pruned; 0 failed, 1 with no run, 0 running); 0.20 CPU hours")
-    assert lines[2].startswith("Trial 1: no run; the job ended before it recorded one")
+    assert lines[3].startswith("Trial 1: no run; the job ended before it recorded one")
+
+
+def test_a_search_report_says_who_proposed_what_the_budget_cut_the_retrained_values_and_the_edges() -> None:
+    """Four trials, three random and one TPE's, the budget cutting trial 3 still improving; trials 1 and 2 retrained
+    on two seeds each: trial 2 is chosen on the retrained mean though trial 1 was best in the search, and its width
+    sits at the largest choice, its lr well inside its range."""
+    space = {"model.width": {"choices": ["256", "384"]}, "optim.lr": {"low": 1e-4, "high": 1e-2, "log": True}}
+    base = {"state": "finished", "start_time": 0, "epochs": 3.0, "stopped_by": "", "fit_minutes": 30.0}
+    base |= {"threads": 1.0, "cpu": "AMD EPYC", "test_ppl": 280.0, "search_space": json.dumps(space)}
+
+    def config(width: int, lr: float, trial: str = "") -> str:
+        keys = {"trainer.max_epochs": "20", "model.width": str(width), "optim.lr": str(lr)}
+        return json.dumps(
+            keys | ({"callbacks.pruning.trial": trial, "callbacks.pruning.cpu_hours": "4"} if trial else {})
+        )
+
+    trials = [(256, 1e-3, 300.0, "random"), (256, 2e-3, 250.0, "random"), (384, 1e-3, 255.0, "random")]
+    trials.append((384, 3e-3, 270.0, "TPESampler"))
+    rows = [
+        base
+        | {"trial": str(i), "run_id": f"t{i}", "seed": "1", "config": config(w, lr, str(i)), "valid_ppl": v}
+        | {"proposed_by": by, "stopped_by": "budget" if i == 3 else ""}
+        for i, (w, lr, v, by) in enumerate(trials)
+    ]
+    retrains = [(1, "2", 262.0), (1, "3", 264.0), (2, "2", 258.0), (2, "3", 259.0)]
+    rows += [
+        base | {"trial": "", "run_id": f"r{t}{s}", "seed": s, "config": config(*trials[t][:2]), "valid_ppl": v}
+        for t, s, v in retrains
+    ]
+    curves = {"t3": [300.0, 280.0, 270.0], "t0": [320.0, 300.0, 305.0]}
+    lines = search_note(pd.DataFrame(rows), curves)
+    assert lines[0].startswith("Trials: 4 (") and "; 2.00 CPU hours of its budget of 4 (" in lines[0]
+    assert lines[1] == (
+        "Proposals: 1 proposed by TPESampler; 3 drawn at random (the sampler's start). Fewer than 16 trials, or more "
+        "than a quarter of them random: the sampler barely searched."
+    )
+    assert (
+        lines[2]
+        == "Cut by the budget while still improving (their last epoch their best): trial 3 (valid 270.0 at epoch 3)."
+    )
+    assert lines[3].startswith("Best on validation: trial 1, valid 250.0")
+    assert lines[4] == (
+        "Retrained from scratch on other seeds, to convergence (the search's best, chosen on their mean): trial 2: "
+        "valid 255.0 in the search; retrained 258.0 (seed 2), 259.0 (seed 3), mean 258.5; trial 1: valid 250.0 in "
+        "the search; retrained 262.0 (seed 2), 264.0 (seed 3), mean 263.0. Chosen: trial 2."
+    )
+    assert lines[5].startswith("At an edge of its space, trial 2's model.width=384 (the largest of 256, 384): this ")
+    assert "optim.lr" not in lines[5]
+
+
+def test_a_value_is_at_an_edge_of_its_space_at_a_choice_s_end_or_near_a_range_s_bound() -> None:
+    """Numeric choices have ends, words none; a range's edges are its outer tenth (of the logarithm for a log one)."""
+    assert at_edge("100", {"choices": ["30", "60", "100"]}) == "the largest"
+    assert at_edge("30", {"choices": ["30", "60", "100"]}) == "the smallest" and not at_edge(
+        "60", {"choices": ["30", "60", "100"]}
+    )
+    assert not at_edge("True", {"choices": ["True", "False"]}) and not at_edge("a", {"choices": ["a", "b"]})
+    log = {"low": 3e-4, "high": 3e-3, "log": True}
+    assert at_edge(1.77e-3 * 1.5, log) == "near its high end" and not at_edge(1e-3, log)
+    assert at_edge(0.129, {"low": 0.1, "high": 0.6, "log": False}) == "near its low end"
 
 
 def test_a_claim_names_a_row_the_table_lengthened_by_the_keys_that_tell_it_apart() -> None:

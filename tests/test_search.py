@@ -4,6 +4,7 @@ a trial the pruner stops scored like any run, the study kept in ./optuna.db so t
 a trial left running by a stopped search resumed with its own number."""
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -80,6 +81,40 @@ def test_the_pruner_stops_a_trial_which_is_scored_like_any_run(brown_path: Path,
     assert len(jobs) == 2 and (jobs["status"] == "FINISHED").all()
     assert (jobs["metrics.pruned_epoch"] == 1).all() and (jobs["metrics.epochs"] == 1).all()
     assert jobs["metrics.test_ppl"].notna().all()
+
+
+@pytest.mark.slow
+def test_a_search_without_a_trial_cap_ends_at_its_budget_then_retrains_its_best_on_other_seeds(
+    brown_path: Path, tmp_path: Path
+) -> None:
+    """No n_trials: the budget (spent by the first epoch) ends the search after the two trials it started, each
+    proposed at random (TPE's start of 10) and saying so on its run; then the better trial trains again from scratch
+    on seeds 2 and 3, without pruning, and the report sets its retrained values beside its search value."""
+    budget = ["hydra.sweeper.n_trials=null", "hydra.sweeper.cpu_hours=1e-9", "trainer.max_epochs=2"]
+    search(brown_path, tmp_path, *budget, "hydra.sweeper.retrain={top:1,seeds:[2,3]}")
+    found = trials(tmp_path)
+    assert len(found) == 2 and all(t.user_attrs["proposed_by"] == "random" for t in found)
+    best = min(found, key=lambda t: t.value)
+    retrained = optuna.load_study(study_name="paper_lr", storage=f"sqlite:///{tmp_path}/optuna.db").user_attrs
+    assert list(retrained["retrained"]) == [str(best.number)] and set(retrained["retrained"][str(best.number)]) == {
+        "2",
+        "3",
+    }
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    jobs = mlflow.search_runs(experiment_names=["brown"])
+    jobs = jobs[jobs["tags.sweep"] != "true"]
+    searched = jobs[jobs["params.callbacks.pruning.trial"].notna()]
+    again = jobs[jobs["params.callbacks.pruning.trial"].isna()]
+    assert (searched["tags.search_proposed_by"] == "random").all()
+    assert json.loads(searched["tags.search_space"].iloc[0])["optim.lr"] == {"low": 1e-4, "high": 1e-2, "log": True}
+    assert (
+        sorted(again["params.seed"]) == ["2", "3"] and (again["params.optim.lr"] == str(best.params["optim.lr"])).all()
+    )
+    assert (again["metrics.epochs"] == 2).all()  # no budget stops a retrain: it trains to its own end
+    report = (tmp_path / "reports" / "paper_lr.md").read_text()
+    assert "- Proposals: none proposed by the sampler; 2 drawn at random (the sampler's start)." in report
+    assert f"trial {best.number}: valid {best.value:.1f} in the search; retrained " in report
+    assert f"Chosen: trial {best.number}." in report
 
 
 @pytest.mark.slow
@@ -234,6 +269,9 @@ def test_a_search_in_the_folder_of_another_never_reports_its_result(tiny_brown_p
                 ("hydra.sweeper.n_jobs=0", "hydra.sweeper.n_jobs=0 is invalid: expected an integer >= 1"),
                 ("optim.lr=interval(3e-3, 3e-4)", "optim.lr: interval(3e-3, 3e-4) is an empty interval: write the "),
                 ("model.h=range(5, 1)", "model.h: range(5, 1) has no value to try"),
+                ("hydra.sweeper.n_trials=null", "hydra.sweeper.n_trials and cpu_hours are both null: the search "),
+                ("hydra.sweeper.retrain={top:0,seeds:[2]}", "hydra.sweeper.retrain.top=0 is invalid: expected an "),
+                ("hydra.sweeper.retrain={top:1,seeds:[2,2]}", "hydra.sweeper.retrain.seeds=[2, 2] is invalid: expec"),
             ]
         ),
     ],

@@ -47,6 +47,7 @@ class Context:
     fingerprint: str
     vocab: str
     evidence: Evidence = field(default_factory=lambda: Evidence({}, {}))
+    history: dict[str, list[tuple[str, list[float]]]] = field(default_factory=dict)  # validation curves, by row
 
 
 def excluded(ctx: Context) -> list[str]:
@@ -249,8 +250,10 @@ def setup(ctx: Context) -> list[str]:
 
 def search(ctx: Context) -> list[str]:
     """A search's trials (hparams_search=...): its CPU hours, how each trial ended, the best on validation."""
+    curves = {run_id: values for seeds in ctx.history.values() for run_id, values in seeds}
     return search_note(
-        ctx.all_runs[(ctx.all_runs["study_tag"] == ctx.study) & (ctx.all_runs["fingerprint"] == ctx.fingerprint)]
+        ctx.all_runs[(ctx.all_runs["study_tag"] == ctx.study) & (ctx.all_runs["fingerprint"] == ctx.fingerprint)],
+        curves,
     )
 
 

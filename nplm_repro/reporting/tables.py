@@ -297,7 +297,7 @@ def build(
         table1 = fast_rows(plan, all_runs, fingerprint)
         claims = recipe.claims(plan, uri, table, table1)
         findings = recipe.findings(plan, table, table1, curves)
-    context = notes.Context(study, spec, table, all_runs, fingerprint, data["vocab_size"], evidence)
+    context = notes.Context(study, spec, table, all_runs, fingerprint, data["vocab_size"], evidence, curves)
     return Report(
         study=study,
         experiment=experiment,

@@ -34,6 +34,9 @@ SAMPLING_KEYS = ("output", "samples", "proposal", "estimator")  # optim's, for o
 # a claim's arms): an exact run trained the softmax over V with exact gradients.
 IMPLIED = {"model.output": "standard", "optim.output": "exact"}
 
+# Model knobs added after runs were stored, whose null is what every run did before them: left out of keys at null
+LATER_KNOBS = ("from_study", "dropout_attention", "dropout_embedding")
+
 # Keys that record where or how a job ran, not what it computed: left out of `config_key`. The row name is
 # left out too: the MLP a mixed row trains for itself (no row) is the same run as its own row's.
 BOOKKEEPING = (
@@ -92,8 +95,7 @@ def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
         unused = {"features"} if model.get("features") == "learned" else set()
         if model.get("output", "standard") != "classes":
             unused |= {"classes", "class_method"} | ({"output"} if model.get("output") == "standard" else set())
-        if "from_study" in model and model["from_study"] is None:
-            unused.add("from_study")
+        unused |= {k for k in LATER_KNOBS if k in model and model[k] is None}
         tree["model"] = {k: v for k, v in model.items() if k not in unused}
     return tree
 

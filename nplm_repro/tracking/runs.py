@@ -190,6 +190,8 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
                 "epochs": get("metrics.epochs", np.nan),
                 "trial": _text(get("params.callbacks.pruning.trial")),  # a search's trial (tracking/search.py)
+                "proposed_by": _text(get("tags.search_proposed_by")),  # its values: `random` or the sampler's
+                "search_space": _text(get("tags.search_space")),  # its distributions, JSON (search.py `described`)
                 "stopped_by": next(  # what stopped a search's trial before early stopping or max_epochs did
                     (why for why in ("pruned", "budget") if present(get(f"metrics.{why}_epoch"))), ""
                 ),

@@ -5,9 +5,15 @@ on their validation perplexity epoch by epoch, each trial one tracked run.
 optuna.yaml): it keeps an Optuna study in `storage`, asks `sampler` for a trial, launches its job with the
 trial's values and the callback `Pruning` of that trial as overrides, and tells the study what the job returned
 (its exact validation perplexity, `nplm-train`'s return value). `n_jobs` trials run at once, each started as soon
-as a slot is free, so a pruned trial frees its core for the next one. No new trial starts once `n_trials` have
-ended or the ended and running trials have spent `cpu_hours` (each trial's training seconds times its torch
-threads).
+as a slot is free, so a pruned trial frees its core for the next one. No new trial starts once the ended and
+running trials have spent `cpu_hours` (each trial's training seconds times its torch threads), or `n_trials` have
+ended where a cap is set (the family searches set none: the budget alone ends them). Each trial records who proposed
+its values (`PROPOSED`): the sampler, or the random draws of its start (TPE's first `n_startup_trials`).
+
+Then `retrain` (`{top: 3, seeds: [2, 3]}`): the `top` trials by search value train again from scratch on each seed,
+without pruning or budget, to convergence: one value per trial is one draw, and the budget may have cut a rival
+still improving. The search chooses the trial of the lowest mean retrained validation perplexity (`RETRAINED` keeps
+each value on the study); the report shows both (reporting/search.py).
 
 `Pruning` is the job's side (`callbacks.pruning`, in the job's config and so in its run's key): after every
 validation it reports the epoch's perplexity to the trial and asks `pruner`; a trial to prune stops as early
@@ -21,12 +27,13 @@ store and fixed config, which it keeps as its binding (search_checks.py checks i
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import threading
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import NplmError
@@ -48,6 +56,9 @@ from nplm_repro.tracking.search_checks import BINDING, binding, import_optuna
 log = logging.getLogger(__name__)
 MONITOR = "valid_ppl_epoch"
 STARTS = 0.9  # of the CPU hours: no trial starts after them, as one would be cut by the budget after an epoch or two
+PROPOSED = "proposed_by"  # a trial's user attribute and its run's tag `search_proposed_by`: `random` or the sampler
+SPACE = "search_space"  # its run's tag: the trial's distributions (`described`), for the report's edges
+RETRAINED = "retrained"  # the study's user attribute: {trial number: {seed: validation perplexity}}
 
 
 def space(params: dict[str, str], arguments: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
@@ -86,6 +97,28 @@ def written(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
 
 
+def described(distributions: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A trial's distributions as plain JSON the report reads without Optuna: `{low, high, log}` for a range,
+    `{choices}` for a choice."""
+    found: dict[str, dict[str, Any]] = {}
+    for key, distribution in distributions.items():
+        if hasattr(distribution, "choices"):
+            found[key] = {"choices": list(distribution.choices)}
+        else:
+            found[key] = {"low": distribution.low, "high": distribution.high, "log": bool(distribution.log)}
+    return found
+
+
+def proposer(sampler: dict[str, Any], ended: int) -> str:
+    """Who proposes the next trial's values, `ended` trials having completed or been pruned: `random` during the
+    sampler's start (Optuna's TPE draws its first `n_startup_trials`, default 10, at random; RandomSampler always),
+    else the sampler's class name."""
+    name = str(sampler.get("_target_", "")).rsplit(".", 1)[-1]
+    if name == "RandomSampler" or ended < int(sampler.get("n_startup_trials", 10 if name == "TPESampler" else 0)):
+        return "random"
+    return name
+
+
 def cpu_seconds(trial: Any) -> float:
     """What a trial's run has spent training: its seconds in fit times its torch threads (0 before its first epoch)."""
     return float(trial.user_attrs.get("cpu_seconds", 0.0))
@@ -104,11 +137,14 @@ class Search(Sweeper):
         params: DictConfig | None = None,
         cpu_hours: float | None = None,
         stop_seconds: float = 30.0,
+        retrain: DictConfig | None = None,
     ) -> None:
+        """`n_trials` None: no cap, the budget `cpu_hours` alone ends the search. `retrain`: `{top, seeds}` or None."""
         self.study_name, self.storage, self.direction = study_name, storage, direction
         self.n_trials, self.n_jobs, self.cpu_hours = n_trials, n_jobs, cpu_hours
         self.stop_seconds = stop_seconds
         self.sampler, self.pruner = sampler, pruner  # configs (the sweeper's config says _recursive_: false)
+        self.retrain = OmegaConf.to_container(retrain) if retrain else None
         self.params = OmegaConf.to_container(params or {}, resolve=False)
         self.launcher: Any = None
         self._lock = threading.Lock()
@@ -146,7 +182,7 @@ class Search(Sweeper):
             try:
                 while True:
                     while len(running) < self.n_jobs and (left or self._more(study, len(running))):
-                        trial = left.pop(0) if left else study.ask(distributions)
+                        trial = left.pop(0) if left else self._ask(study, distributions)
                         running[pool.submit(self._launch, trial, fixed)] = trial
                     if not running:
                         break
@@ -160,6 +196,66 @@ class Search(Sweeper):
                 self._stop(running)
                 raise
         self._summary(study, failed)
+        if self.retrain:
+            self._retrain(study, fixed)
+
+    def _ask(self, study: Any, distributions: dict[str, Any]) -> Any:
+        """A new trial, with who proposed its values (`proposer`, counted as the sampler counts: before it draws)."""
+        optuna = import_optuna()
+        ended = len(
+            study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+        )
+        by = proposer(
+            OmegaConf.to_container(self.sampler) if isinstance(self.sampler, DictConfig) else self.sampler, ended
+        )
+        trial = study.ask(distributions)
+        trial.set_user_attr(PROPOSED, by)
+        return trial
+
+    def _retrain(self, study: Any, fixed: list[str]) -> None:
+        """Train the `retrain.top` complete trials of lowest value again on each of `retrain.seeds`, from scratch,
+        without pruning or budget (each run resumed or skipped by the ledger as any job), `n_jobs` at a time; keep
+        each validation perplexity on the study (`RETRAINED`) and log the trial of the lowest mean. A failed retrain
+        fails the search once every other has run."""
+        assert self.retrain is not None
+        top = sorted(
+            (t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"), key=lambda t: t.value
+        )[: int(self.retrain["top"])]
+        seeds = [int(s) for s in self.retrain["seeds"]]
+        kept = [o for o in fixed if o.split("=", 1)[0].lstrip("+~") != "seed"]
+        retrained: dict[str, dict[str, float]] = dict(study.user_attrs.get(RETRAINED, {}))
+        failed: list[str] = []
+        with ThreadPoolExecutor(self.n_jobs) as pool:
+            running: dict[Future[JobReturn], tuple[Any, int]] = {}
+            try:
+                for trial in top:
+                    for seed in seeds:
+                        overrides = [*kept, *self._values(trial), f"seed={seed}"]
+                        running[pool.submit(self._job, overrides)] = (trial, seed)
+                for future in as_completed(running):
+                    trial, seed = running[future]
+                    result = future.result()
+                    if result.status != JobStatus.COMPLETED:
+                        failed.append(f"trial {trial.number} seed {seed}: {result._return_value}")
+                        continue
+                    retrained.setdefault(str(trial.number), {})[str(seed)] = float(result.return_value)
+                    study.set_user_attr(RETRAINED, retrained)
+            except KeyboardInterrupt:
+                self._stop({f: t for f, (t, _) in running.items() if not f.done()})
+                raise
+        means = {n: sum(v.values()) / len(v) for n, v in retrained.items() if len(v) == len(seeds)}
+        if means:
+            chosen = min(means, key=means.__getitem__)
+            log.info(
+                "search %s: retrained trials %s on seeds %s: mean valid %s; chosen trial %s",
+                self.study_name,
+                ", ".join(str(t.number) for t in top),
+                ", ".join(map(str, seeds)),
+                ", ".join(f"{means[str(t.number)]:.1f}" for t in top if str(t.number) in means),
+                chosen,
+            )
+        if failed:
+            raise NplmError(f"search {self.study_name}: {len(failed)} retrain(s) failed ({failed[0]})")
 
     def _stop(self, running: dict[Future[JobReturn], Any]) -> None:
         """Ctrl-C or SIGTERM reached the search, which waits on its launches while the launcher's workers train: pass
@@ -186,19 +282,28 @@ class Search(Sweeper):
             wait(running)
 
     def _more(self, study: Any, running: int) -> bool:
-        """Whether a new trial may start: fewer than n_trials ended or running, STARTS of the CPU hours left."""
+        """Whether a new trial may start: fewer than n_trials (if a cap is set) ended or running, and less than
+        STARTS of the CPU hours spent."""
         trials = study.get_trials(deepcopy=False)
         ended = sum(t.state.is_finished() for t in trials)
-        return ended + running < self.n_trials and (self.cpu_hours is None or spent(trials) < STARTS * self.cpu_hours)
+        capped = self.n_trials is not None and ended + running >= self.n_trials
+        return not capped and (self.cpu_hours is None or spent(trials) < STARTS * self.cpu_hours)
+
+    @staticmethod
+    def _values(trial: Any) -> list[str]:
+        """A trial's values as overrides."""
+        return [f"{k}={Transformer.encode(v) if isinstance(v, str) else v}" for k, v in trial.params.items()]
 
     def _launch(self, trial: Any, fixed: list[str]) -> JobReturn:
-        values = [f"{k}={Transformer.encode(v) if isinstance(v, str) else v}" for k, v in trial.params.items()]
         pruning = {"_target_": f"{Pruning.__module__}.Pruning", "storage": self.storage, "study": self.study_name}
         pruning |= {"trial": trial.number, "pruner": OmegaConf.to_container(self.pruner), "cpu_hours": self.cpu_hours}
-        values.append(f"+callbacks.pruning={written(pruning)}")
+        return self._job([*fixed, *self._values(trial), f"+callbacks.pruning={written(pruning)}"])
+
+    def _job(self, overrides: list[str]) -> JobReturn:
+        """One job of the sweep, numbered after every job before it."""
         with self._lock:
             number, self._next_job = self._next_job, self._next_job + 1
-        (result,) = self.launcher.launch([[*fixed, *values]], initial_job_idx=number)
+        (result,) = self.launcher.launch([overrides], initial_job_idx=number)
         return result
 
     def _tell(self, study: Any, trial: Any, result: JobReturn) -> list[str]:
@@ -257,6 +362,14 @@ class Pruning(Callback):
         self._study = optuna.load_study(study_name=self.study_name, storage=self.storage, pruner=self.pruner)
         frozen = next(t for t in self._study.get_trials(deepcopy=False) if t.number == self.number)
         self._trial = optuna.trial.Trial(self._study, frozen._trial_id)
+        logger = trainer.logger
+        if isinstance(logger, MLFlowLogger):  # what the report reads of the search: its edges, who proposed
+            tags = {
+                f"search_{PROPOSED}": frozen.user_attrs.get(PROPOSED, ""),
+                SPACE: json.dumps(described(frozen.distributions)),
+            }
+            for tag, value in tags.items():
+                logger.experiment.set_tag(logger.run_id, tag, value)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or MONITOR not in trainer.callback_metrics:

@@ -33,21 +33,34 @@ WHAT = {"corpus": "corpus fingerprint", "store": "tracking store", "config": "ke
 
 
 def check_search(config: DictConfig) -> None:
-    """Refuse, one line each, a search whose budget allows no trial (`n_trials` < 1, `cpu_hours` <= 0), whose
-    `n_jobs` < 1 or `stop_seconds` < 0, whose space has an empty range (`interval(3e-3, 3e-4)`, a `choice` of
-    nothing), or whose study in `storage` searched another corpus, store or config (`check_binding`)."""
+    """Refuse, one line each, a search whose budget allows no trial (`n_trials` < 1, `cpu_hours` <= 0) or no end
+    (neither), whose `n_jobs` < 1 or `stop_seconds` < 0, whose `retrain` is not `{top: >= 1, seeds: [...]}`, whose
+    space has an empty range (`interval(3e-3, 3e-4)`, a `choice` of nothing), or whose study in `storage` searched
+    another corpus, store or config (`check_binding`)."""
     sweeper = config.hydra.sweeper
     if sweeper._target_ != SEARCH_SWEEPER:
         return
+    retrain = sweeper.get("retrain")
     budget = {
-        "n_trials": (sweeper.n_trials, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
-        "n_jobs": (sweeper.n_jobs, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+        "n_trials": (sweeper.n_trials, lambda v: v is None or _count(v), "an integer >= 1, or null for no cap"),
+        "n_jobs": (sweeper.n_jobs, _count, "an integer >= 1"),
         "cpu_hours": (sweeper.cpu_hours, lambda v: v is None or v > 0, "a number > 0, or null for no limit"),
         "stop_seconds": (sweeper.stop_seconds, lambda v: v >= 0, "a number of seconds >= 0"),
+        "retrain.top": (retrain and retrain.get("top"), lambda v: not retrain or _count(v), "an integer >= 1"),
+        "retrain.seeds": (
+            retrain and retrain.get("seeds"),
+            lambda v: not retrain or (bool(v) and all(isinstance(s, int) for s in v) and len(set(v)) == len(v)),
+            "a list of distinct integer seeds",
+        ),
     }
     for name, (value, ok, expected) in budget.items():
         if not ok(value):
             raise NplmError(f"hydra.sweeper.{name}={value!r} is invalid: expected {expected} (nothing was run)")
+    if sweeper.n_trials is None and sweeper.cpu_hours is None:
+        raise NplmError(
+            "hydra.sweeper.n_trials and cpu_hours are both null: the search would never end; give it a budget "
+            "(cpu_hours) or a cap (n_trials) (nothing was run)"
+        )
     for override in OverridesParser.create().parse_overrides(arguments(config)):
         if not override.is_sweep_override():
             continue
@@ -62,6 +75,10 @@ def check_search(config: DictConfig) -> None:
         elif not list(override.sweep_string_iterator()):
             raise NplmError(f"{key}: {override.input_line.split('=', 1)[1]} has no value to try (nothing was run)")
     check_binding(config)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def arguments(config: DictConfig) -> list[str]:
