@@ -26,9 +26,9 @@ python3.11 -m venv "$WORK/venv"
 "$WORK/venv/bin/pip" wheel -q --no-deps -w "$WORK/dist" "$WORK/src"
 rm -rf "$WORK/src"
 
-step "install: torch==2.13.0 (CPU) first, then the wheel"
+step "install: torch==2.13.0 (CPU) first, then the wheel, its dependencies at the lock's versions"
 "$WORK/venv/bin/pip" install -q torch==2.13.0
-"$WORK/venv/bin/pip" install -q "$WORK"/dist/nplm_repro-*.whl
+"$WORK/venv/bin/pip" install -q -c "$ROOT/requirements.lock" "$WORK"/dist/nplm_repro-*.whl
 BIN="$WORK/venv/bin"
 
 cd "$RUN"

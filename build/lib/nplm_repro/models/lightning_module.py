@@ -1,0 +1,218 @@
+"""The LightningModule around eq. (1) (models/nplm.py): its keys, its three outputs (the softmax, the energy
+network, word classes) and the two optimiser recipes; exact perplexity, the output layer and the loss's bookkeeping
+are every trained family's (LanguageModule, language_module.py).
+
+Both recipes are SGD with weight decay, the learning rate `optim.lr` counted per training word:
+- `paper`: eps_t = eps_0 / (1 + r t) (p.1147), eps_0 = 1e-3, t counting training words. The paper updates
+  after every word; we average the loss over a mini-batch of B words and take the step B * eps_t, so one
+  mini-batch moves the weights as far as the paper's B single-word updates would (to first order), and
+  weight decay lambda shrinks them by B * eps_t * lambda per batch, as the paper's per-update decay does.
+  Under DDP with W processes of B words each, one step averages W x B words, and B counts them all.
+- `fast`: 5 times the paper's rate on batches of 256, multiplied by `plateau_factor` after each epoch that
+  does not improve validation perplexity (early stopping ends training two such epochs later).
+The decay and the drop are knobs either recipe can take (schedules.py), for going from one recipe to the other.
+Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
+
+Stored runs name classes by this module's path (their config's `model._target_` and the progress bar's, an MLflow
+Model's `module`), and families outside the package import LanguageModule from it: what moved out stays importable.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.windows import WindowBatches, loader
+from nplm_repro.errors import NplmError
+from nplm_repro.family import Recorded, Tokens
+from nplm_repro.models.energy import EnergyNPLM
+from nplm_repro.models.features import FEATURES, lsi_features
+from nplm_repro.models.language_module import LanguageModule, word_classes
+from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.outputs import Head
+from nplm_repro.models.sampled_loss import SparseSGD
+from nplm_repro.models.schedules import schedules
+from nplm_repro.models.training import ProgressBar  # noqa: F401 (stored runs' callbacks name it by this path)
+from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
+
+OUTPUTS = ("standard", "energy", "classes")  # model.output: eq. (1)'s softmax, §5.1's energy network, §5.2's classes
+
+
+class NPLMModule(LanguageModule):
+    family = "mlp"
+    label = "MLP"
+    bench_lines = (*LanguageModule.bench_lines, "baseline", "mixture")
+
+    @classmethod
+    def kind(cls, cfg: Any) -> str:
+        """trained; a run stored with `model.mix` (the paper's mixed rows before they were `model=mixture` rows of
+        their own: CHANGELOG.md) is mixed: its MLP and the interpolated trigram."""
+        return "trained" if cfg.model.get("mix", "none") == "none" else "mixed"
+
+    @classmethod
+    def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
+        if cls.kind(run.cfg) == "mixed":  # a stored mixed row: its MLP (tag base_run_id) and the trigram fitted again
+            return run.mixed(tokens, [cls.label], run.cfg.model.mix, trigram=True)
+        return super().score_run(run, tokens)
+
+    @classmethod
+    def rules(cls, cfg: Any) -> dict[str, Rule]:
+        return super().rules(cfg) | {
+            "model.n": at_least(2),
+            "model.m": at_least(1),
+            "model.h": at_least(0),
+            "model.direct": flag(),
+            "model.features": one_of(*FEATURES),
+            "model.output": one_of(*OUTPUTS),
+            "optim.recipe": one_of("paper", "fast"),
+            # the recipes' rate schedules, each on when set (`schedules`); torch drops only by a factor < 1
+            "optim.decay_rate": optional(number(0)),
+        }
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        super().check(cfg)
+        if cls.kind(cfg) == "mixed":
+            raise NplmError(
+                "model.mix: an MLP mixed with the interpolated trigram is a row of its own, model=mixture with "
+                "model.components=[<the MLP's row>,Del. Int.] and model.mode (conf/experiment/mlp2.yaml)"
+            )
+        if cfg.model.h == 0 and not cfg.model.direct:
+            raise NplmError(
+                "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
+            )
+        output = cfg.model.get("output", "standard")
+        if output == "energy" and cfg.model.h == 0:
+            raise NplmError("model.output=energy needs model.h >= 1 (its energy is v . tanh(d + Hx))")
+        o = cfg.optim
+        # SparseSGD keeps the log of each step's decay factor, 1 - lr x batch_size x weight_decay (one device)
+        if o.get("output") == "sampled" and o.lr * o.batch_size * o.weight_decay >= 1:
+            raise NplmError(
+                f"optim.lr={o.lr} x optim.batch_size={o.batch_size} x optim.weight_decay={o.weight_decay} = "
+                f"{o.lr * o.batch_size * o.weight_decay:.3g}: sampled training decays the weights by 1 - that "
+                f"product a step, so it must be < 1 (optim.lr < {1 / (o.batch_size * o.weight_decay):.4g} here)"
+            )
+
+    def __init__(
+        self,
+        vocab_size: int,
+        n: int,
+        m: int,
+        h: int,
+        direct: bool,
+        optim: dict[str, Any],
+        features: str = "learned",
+        lsi: torch.Tensor | None = None,
+        output: str = "standard",
+        classes: int | None = None,
+        class_method: str = "exchange",
+        word_classes: torch.Tensor | None = None,
+    ) -> None:
+        """`features`: C learned with the rest, or frozen (models/features.py) at `lsi` (fixed_lsi, computed from
+        the training split by the caller; a checkpoint restores it without) or at its random start (fixed_random).
+        `output` (OUTPUTS): eq. (1)'s softmax over V, the energy network of §5.1 (models/energy.py), or eq. (1)
+        with a word-class output layer (models/classes.py) of `classes` classes, `word_classes` (computed by the
+        caller by `class_method`; a checkpoint restores them without)."""
+        super().__init__()
+        # kept for load_from_checkpoint (the state dict holds C and the word classes); the run logs the config itself
+        self.save_hyperparameters(ignore=["lsi", "word_classes"], logger=False)
+        self.model = (EnergyNPLM if output == "energy" else NPLM)(vocab_size, n, m, h, direct)
+        if output == "energy":  # its exact scores cost |V| x h tanh per token: train's 800,000 would take as long as
+            self.evaluated = ("valid", "test")  # the rest of the run, and no report needs them
+        widths = [(n - 1) * m] * direct + [h] * bool(h)  # NPLM.output_terms: (x, W), (tanh(d + Hx), U)
+        self._output_layer(vocab_size, output, classes, widths, word_classes)
+        self._own_outputs = output == "energy"  # its y is no sum of products: it gives its logits and sampled outputs
+        if lsi is not None:
+            self.model.C.data.copy_(lsi)
+        self.model.C.requires_grad_(features == "learned")
+        self.optim = dict(optim)
+        self._reset()
+
+    @classmethod
+    def build(cls, cfg: Any, corpus: Corpus) -> NPLMModule:
+        """Eq. (1) for `cfg.model` on `corpus`'s vocabulary. With model.features=fixed_lsi, C starts from the training
+        split's co-occurrence counts within n-1 words, reduced to m principal directions (models/features.py)."""
+        architecture = {k: v for k, v in cfg.model.items() if k not in ("mix", "_target_")}
+        lsi = None
+        if architecture.get("features", "learned") == "fixed_lsi":
+            start, end = corpus.bounds["train"]
+            lsi = lsi_features(corpus.ids[start:end].numpy(), corpus.vocab_size, cfg.model.n - 1, cfg.model.m, cfg.seed)
+        architecture |= word_classes(cfg.model, corpus)
+        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, **architecture)
+
+    def forward(self, context: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities log P(w | context), [batch, |V|], from float32 logits."""
+        with self._float32():
+            return self.layer.log_probs(self.head((context, None), training=False))
+
+    def batches(
+        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
+    ) -> WindowBatches:
+        """Eq. (1) reads windows of n words (data/windows.py)."""
+        return loader(corpus, split, self.model.n, batch_size, shuffle=shuffle, seed=seed)
+
+    def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
+        need = self.context_needed
+        return self(torch.tensor([ids[-need:][::-1] for ids in contexts], dtype=torch.int64))  # w_{t-1} first
+
+    @property
+    def context_needed(self) -> int:
+        return self.model.n - 1
+
+    def word_features(self) -> torch.Tensor:
+        return self.model.C.detach()
+
+    @property
+    def output_width(self) -> int:
+        """x through W (when direct) and tanh(d + Hx) through U."""
+        model = self.model
+        return (model.n - 1) * model.m * bool(model.direct) + model.h
+
+    def flops_per_token(self, rows: float) -> float:
+        model = self.model
+        return 2.0 * ((model.n - 1) * model.m * model.h + self.output_width * rows)
+
+    def head(self, batch: tuple[torch.Tensor, torch.Tensor | None], training: bool) -> Head:
+        """Eq. (1)'s output terms (x, W), (tanh(d + Hx), U), or the energy network's own logits and sampled outputs."""
+        context, target = batch
+        model, own = self.model, self._own_outputs
+        return Head(
+            target,
+            model.b,
+            None if own else functools.partial(model.output_terms, context),  # terms(sparse)
+            previous=context[:, 0],
+            reads=context.flatten(),
+            logits=functools.partial(model, context),
+            outputs=functools.partial(model.sampled_outputs, context) if own else None,
+        )
+
+    def _weighed(self, loss: torch.Tensor, tokens: int) -> torch.Tensor:
+        """The step is lr x batch_size words of mean loss: a short last batch of k words weighs k, not batch_size."""
+        return loss if tokens == self.optim["batch_size"] else loss * (tokens / self.optim["batch_size"])
+
+    def proposal_pairs(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Each training window's target and its w_{t-1}."""
+        if not isinstance(batches, WindowBatches):
+            return None
+        rows = batches.rows.cpu()
+        return rows[:, -2], rows[:, -1]
+
+    def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
+        o = self.optim
+        layer = [] if self.classes is None else [self.classes]  # the class layer: its weights decay, bc does not
+        groups = [
+            {"params": self.model.decayed() + [p for c in layer for p in c.Kc], "weight_decay": o["weight_decay"]},
+            {"params": self.model.biases() + [c.bc for c in layer], "weight_decay": 0.0},
+        ]
+        batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
+        # lr is per training word (module doc); fused: decay and step in one pass over each weight, not three
+        if o.get("output", "exact") == "sampled":  # sparse gradients: the same update, on the sampled rows only
+            # the word rows' decay waits until a step reads the row (SparseSGD)
+            optimizer = SparseSGD(groups, lr=o["lr"] * batch, lazy=self.model.word_rows())
+        else:
+            optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=True)
+        return [optimizer], schedules(optimizer, o.get("decay_rate"), o.get("plateau_factor"), batch)

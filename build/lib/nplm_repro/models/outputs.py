@@ -1,0 +1,165 @@
+"""The output layer, one interface for every family: what a training step, an evaluation and a question ask of it.
+
+A family computes the inputs of its output layer, a `Head`: each row's target, and the (input, weight) terms of
+y = b + sum of input @ weight.T (eq. (1)'s (x, W) and (tanh(d + Hx), U); a sequence model's (h, O)), or its own
+logits and sampled outputs where y is no such sum (§5.1's energy network). An `OutputLayer` turns a Head into
+
+- `loss`: the training loss, the batch's mean -ln P(target), exact or estimated;
+- `token_nll`: each row's exact -ln P(target), float32 (evaluation: every reported perplexity);
+- `log_probs`: ln P(w) of every word w of V (generation, the MLflow Model).
+
+Four layers, one chosen per run by `choose` from the config and the precision the trainer resolved:
+
+| layer | model.output | optim.output | its training loss |
+|---|---|---|---|
+| `Softmax` | standard, energy | exact | the float32 softmax over V |
+| `Bf16Softmax` | standard | exact, under bf16-mixed | the same, its three products in bfloat16 (bf16_loss.py) |
+| `SampledSoftmax` | standard, energy | sampled | importance sampling from a proposal (sampled_loss.py) |
+| `Classes` | classes | exact | a word-class softmax, a token's class's rows only (classes.py), in float32 |
+
+The three softmax layers share the exact distribution; `Classes` is its own (P(class) P(word | class)), exact too.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from nplm_repro.models.bf16_loss import bf16_cross_entropy
+from nplm_repro.models.classes import ClassOutput, Terms
+from nplm_repro.models.sampled_loss import Outputs, Proposal, draw, layer_outputs, sampled_cross_entropy
+
+
+@dataclass
+class Head:
+    """What the output layer reads of a batch. `terms(sparse)`: the (input, weight) terms, computed when asked (a
+    sampled step first brings the rows it reads up to date; `sparse`: the word rows' gradients sparse, for
+    SparseSGD). `logits` and `outputs`: the family's own (y over V, y at drawn words), where it computes them
+    otherwise (eq. (1)'s forward) or where y is no sum of products (the energy network, which has no terms);
+    when absent, computed from the terms. `previous`: each row's previous word (the bigram proposal's);
+    `reads`: the input words whose rows the terms read (a sampled step settles them)."""
+
+    target: torch.Tensor | None  # None: a question (log_probs), no target
+    b: torch.Tensor
+    terms: Callable[[bool], Terms] | None = None  # None: a family with its own logits and outputs
+    previous: torch.Tensor | None = None
+    reads: torch.Tensor | None = None
+    logits: Callable[[], torch.Tensor] | None = None
+    outputs: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    sparse: bool = True  # a sampled step's word rows: sparse gradients (False: a weight tied to the input embedding)
+
+    def all_logits(self) -> torch.Tensor:
+        """y over V, [B, |V|]."""
+        if self.logits is not None:
+            return self.logits()
+        y = self.b
+        for inputs, weight in self.linear(False):
+            y = torch.addmm(y, inputs, weight.T)
+        return y
+
+    def sampled_outputs(self) -> Outputs:
+        """For drawn words: y at each row's target and at the words (sampled_loss.layer_outputs)."""
+        if self.outputs is not None:
+            return functools.partial(self.outputs, self.target)
+        return layer_outputs(self.linear(self.sparse), self.b, self.target, sparse=self.sparse)
+
+    def linear(self, sparse: bool = False) -> Terms:
+        """The terms; a layer that needs them (bfloat16 products, word classes) needs a family that has them."""
+        if self.terms is None:
+            raise ValueError(
+                "this output layer needs y = b + sum of input @ weight.T, and this family has no such terms"
+            )
+        return self.terms(sparse)
+
+
+class OutputLayer:
+    """The exact softmax's evaluation, shared by the layers that train it three ways."""
+
+    name = ""
+
+    def loss(self, head: Head) -> torch.Tensor:
+        raise NotImplementedError
+
+    def token_nll(self, head: Head) -> torch.Tensor:
+        return F.cross_entropy(head.all_logits().float(), head.target, reduction="none")
+
+    def log_probs(self, head: Head) -> torch.Tensor:
+        return F.log_softmax(head.all_logits().float(), dim=-1)
+
+
+class Softmax(OutputLayer):
+    name = "exact float32"
+
+    def loss(self, head: Head) -> torch.Tensor:
+        return F.cross_entropy(head.all_logits(), head.target)
+
+
+class Bf16Softmax(OutputLayer):
+    name = "exact bfloat16"
+
+    def loss(self, head: Head) -> torch.Tensor:
+        if head.terms is None:  # a family's own logits (the energy network): no products to run in bfloat16
+            return F.cross_entropy(head.logits(), head.target)
+        return bf16_cross_entropy(head.linear(), head.b, head.target)
+
+
+class SampledSoftmax(OutputLayer):
+    """`settle(rows)` brings the rows a step reads up to date before it reads them (SparseSGD's lazy decay)."""
+
+    name = "sampled"
+
+    def __init__(self, proposal: Proposal, samples: int, estimator: str, settle: Callable[[torch.Tensor], None]):
+        self.proposal, self.samples, self.estimator, self.settle = proposal, samples, estimator, settle
+
+    def loss(self, head: Head) -> torch.Tensor:
+        with torch.autocast(head.target.device.type, enabled=False):  # its products are B x k: float32
+            q = self.proposal.distribution(head.previous)
+            sample = draw(q, self.samples)
+            rows = [head.target, sample.words] + ([head.reads] if head.reads is not None else [])
+            self.settle(torch.cat(rows))
+            return sampled_cross_entropy(head.sampled_outputs(), head.target, q, sample, self.estimator)
+
+
+class Classes(OutputLayer):
+    name = "word classes"
+
+    def __init__(self, classes: ClassOutput) -> None:
+        self.classes = classes
+
+    def loss(self, head: Head) -> torch.Tensor:
+        return self.token_nll(head).mean()
+
+    def token_nll(self, head: Head) -> torch.Tensor:
+        """In float32 whatever the precision: its products are a token's class's rows, too small for bfloat16 to pay
+        (MLP9 trained 0.8 times as fast under bf16-mixed as in float32, docs/performance.md); a sequence model's
+        hidden vectors, computed before, keep the precision they were computed in."""
+        with torch.autocast(head.target.device.type, enabled=False):
+            terms = [(inputs.float(), weight) for inputs, weight in head.linear()]
+            return -self.classes.token_logprob(terms, head.b, head.target)
+
+    def log_probs(self, head: Head) -> torch.Tensor:
+        return self.classes.log_probs(head.linear(), head.b)
+
+
+def choose(
+    classes: ClassOutput | None,
+    optim: dict[str, Any],
+    precision: str,
+    proposal: Proposal | None,
+    settle: Callable[[torch.Tensor], None],
+) -> OutputLayer:
+    """The layer a run trains with (the module's table): its classes if it has them, else the softmax, sampled
+    (`optim.output`), in bfloat16 (`precision` bf16-mixed) or float32. Checkpoints from before sampled training have
+    no `optim.output`."""
+    if classes is not None:
+        return Classes(classes)
+    if optim.get("output", "exact") == "sampled":
+        if proposal is None:
+            raise ValueError("sampled training needs its proposal (counted when training starts)")
+        return SampledSoftmax(proposal, optim["samples"], optim["estimator"], settle)
+    return Bf16Softmax() if precision == "bf16-mixed" else Softmax()

@@ -1,0 +1,210 @@
+"""A sweep's console: one progress display for the whole sweep, each job's output in its own log file.
+
+Jobs that joblib runs side by side would otherwise share the terminal: their progress bars write over each other
+on one line. `SweepConsole` (a Hydra callback, conf/config.yaml) sends each such job's output, progress bars,
+warnings and errors, to `output.log` in its job directory, and draws in the launching process one line: jobs done,
+running and failed out of the total, each running job's row and epoch, and the time left. A failed job gets a line
+of its own with its error and its log's path. On a terminal the line is redrawn in place; elsewhere (a CI log, a
+file) a line is written when a job starts or ends. Hydra's basic launcher runs one job at a time in this process,
+its output on the terminal as a single run's: a failed job gets the same line of its own, with its log (Hydra's
+`<job>.log` in its job directory), as every job of the sweep ends, where Hydra would say only the first error.
+SLURM's jobs have their own logs and searches (Optuna's) keep their output as it is.
+
+A job says where it is through its status file (nplm_repro/progress.py): its row when it starts, the epoch it
+trains, whether it waits for another job's MLP, and how it ended.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from nplm_repro.errors import one_line
+from nplm_repro.progress import STATUS_ENV, add_display, read_status, report_status
+from nplm_repro.tracking.sweep import KNOWN_JOBS, jobs
+
+OUTPUT_LOG = "output.log"  # in each job's directory: everything the job printed
+STATUS_DIR = ".jobs"  # in the sweep's directory: one status file per job, <job number>.json
+FINAL = ("done", "failed")
+QUICK = 30.0  # seconds: a job done this fast found its run made (skipped, adopted) and tells nothing of the pace
+BASIC_LAUNCHER = f"{BasicLauncher.__module__}.{BasicLauncher.__name__}"  # one job at a time, in this process
+
+
+def row_of(config: DictConfig) -> str:
+    """How the console names a job (its status, the line of its failure): its row, else its overrides, else its
+    number."""
+    return config.get("row") or " ".join(config.hydra.overrides.task) or f"job {config.hydra.job.num}"
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: 45s, 3m05s, 1h02m."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapsed: float) -> str:
+    """The display's one line: `quickstart: 1/4 done, 2 running, 0 failed | MLP9 epoch 2/3, Del. Int. | ~1m20s left`.
+
+    The time left assumes the rest goes at the pace so far, a running MLP counting by its epochs done; jobs that
+    ended within `QUICK` seconds (a run found made) count neither as work nor as work done, nor do the epochs a
+    resumed job had trained before this launch (`epochs_before`)."""
+    done = sum(s.get("state") == "done" for s in statuses)
+    failed = sum(s.get("state") == "failed" for s in statuses)
+    running = [s for s in statuses if s.get("state") not in FINAL]
+    parts = [f"{study}: {done}/{total} done, {len(running)} running, {failed} failed"]
+    shown = []
+    for status in running:
+        what = status.get("row", "starting")
+        if status.get("state") == "training":
+            what += f" epoch {status['epoch']}/{status['max_epochs']}"
+        elif status.get("state") in ("waiting", "scoring"):
+            what += f" {status['state']}"
+        shown.append(what)
+    if shown:
+        parts.append(", ".join(shown))
+    quick = sum(s.get("state") in FINAL and s.get("seconds", QUICK) < QUICK for s in statuses)
+    at = [(s.get("epoch", s.get("epochs_before", 0) + 1) - 1, s["max_epochs"]) for s in running if s.get("max_epochs")]
+    partly = sum(epochs / max_epochs for epochs, max_epochs in at)
+    before = sum(s.get("epochs_before", 0) / s["max_epochs"] for s in statuses if s.get("max_epochs"))
+    finished, work = done + failed - quick + partly - before, total - quick - before
+    if done + failed >= total:
+        parts.append(f"{duration(elapsed)}")
+    elif 0 < finished < work:
+        parts.append(f"~{duration(elapsed * (work - finished) / finished)} left")
+    return " | ".join(parts)
+
+
+class SweepConsole(Callback):
+    """Each job's output into its own log, and one progress display for the sweep (joblib's launcher); a line for
+    each failed job (joblib's launcher and Hydra's basic one)."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every  # seconds between redraws on a terminal
+        self.in_process = False  # Hydra's basic launcher: the jobs run here, their output on the terminal
+        self.status_dir: Path | None = None  # set in the launching process, pickled with the callback to the jobs
+        self._saved: tuple[int, int] | None = None  # a job's own stdout and stderr while its output goes to its log
+        self._started = 0.0  # when the job began (time.monotonic), for the seconds it took
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:  # what travels to joblib's workers: not the display's thread
+        return {"every": self.every, "status_dir": self.status_dir}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["every"])
+        self.status_dir = state["status_dir"]
+
+    # In the launching process
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.sweeper._target_ not in KNOWN_JOBS:
+            return
+        self.in_process = config.hydra.launcher._target_ == BASIC_LAUNCHER
+        if "joblib" not in config.hydra.launcher._target_:
+            return
+        total = len(jobs(config))
+        self.status_dir = Path(str(config.hydra.sweep.dir)).resolve() / STATUS_DIR
+        self.status_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.status_dir.glob("*.json"):  # a sweep run again into the same directory
+            stale.unlink()
+        study = config.get("study") or "sweep"
+        self._thread = threading.Thread(target=self._draw, args=(study, total, sys.stderr), daemon=True)
+        self._thread.start()
+        add_display(self.close)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Draw the last line and stop (also when a failed job or Ctrl-C ends the sweep: `ends_sweeps`)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _draw(self, study: str, total: int, out: TextIO) -> None:
+        start, tty = time.monotonic(), out.isatty()
+        said: dict[str, str] = {}  # per job, the state last written (not on a terminal) or reported (failures)
+        last = ""
+        while True:
+            stopping = self._stop.wait(self.every)
+            statuses = {p.stem: read_status(p) for p in sorted(self.status_dir.glob("*.json"))}
+            line = progress_line(study, total, list(statuses.values()), time.monotonic() - start)
+            for job, status in statuses.items():
+                state = status.get("state", "")
+                if state == "failed" and said.get(job) != "failed":
+                    failure = f"job {job} ({status.get('row')}) failed: {status.get('error', '')}; "
+                    out.write(("\r\x1b[K" if tty else "") + failure + f"its output: {status.get('log', '?')}\n")
+                started = state not in ("", "starting") and said.get(job) in (None, "", "starting")
+                if not tty and (started or (state in FINAL and said.get(job) != state)) and line != last:
+                    out.write(line + "\n")
+                    last = line
+                said[job] = state
+            if tty:
+                out.write("\r\x1b[K" + line[: shutil.get_terminal_size().columns - 1])
+            if stopping:
+                out.write(("\n" if tty else "") + (line + "\n" if not tty and line != last else ""))
+                out.flush()
+                return
+            out.flush()
+
+    # In the job's process
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.status_dir is None:
+            return
+        job_dir = Path(str(config.hydra.runtime.output_dir))
+        job_dir.mkdir(parents=True, exist_ok=True)
+        log = job_dir / OUTPUT_LOG
+        os.environ[STATUS_ENV] = str(self.status_dir / f"{config.hydra.job.num}.json")
+        report_status(row=row_of(config), state="starting", log=str(log))
+        self._started = time.monotonic()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = (os.dup(1), os.dup(2))
+        with open(log, "ab") as f:  # the descriptors, not sys.stdout: torch's and C libraries' output goes there too
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self.in_process and job_return.status == JobStatus.FAILED:
+            say_failed(config, job_return._return_value)
+        if self._saved is None:
+            return
+        seconds = time.monotonic() - self._started
+        if job_return.status == JobStatus.FAILED:
+            error = job_return._return_value
+            print(f"error: {type(error).__name__}: {one_line(error)}", file=sys.stderr)
+            report_status(state="failed", error=one_line(error), seconds=seconds)
+        else:
+            report_status(state="done", seconds=seconds)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self._saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved = None
+        os.environ.pop(STATUS_ENV, None)
+
+
+def say_failed(config: DictConfig, error: BaseException) -> None:
+    """The line of a failed job of Hydra's basic launcher, as `_draw` writes one for joblib's: its number, its row,
+    its error and where its log is (Hydra's job log: the job's own output went to the terminal)."""
+    log = OmegaConf.select(config, "hydra.job_logging.handlers.file.filename", default=None)
+    where = f"; its log: {log}" if log else ""
+    line = f"job {config.hydra.job.num} ({row_of(config)}) failed: {one_line(error)}{where}"
+    print(line, file=sys.stderr, flush=True)
