@@ -34,6 +34,7 @@ from nplm_repro.paper import (
 )
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, IMPLIED, without_unused
 from nplm_repro.tracking.redaction import redact
+from nplm_repro.tracking.stops import stopped_by
 from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
 
 # Runs from before the tag `family`: their class's name, wherever it lived then.
@@ -190,9 +191,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
                 "epochs": get("metrics.epochs", np.nan),
                 "trial": _text(get("params.callbacks.pruning.trial")),  # a search's trial (tracking/search.py)
-                "stopped_by": next(  # what stopped a search's trial before early stopping or max_epochs did
-                    (why for why in ("pruned", "budget") if present(get(f"metrics.{why}_epoch"))), ""
-                ),
+                "stopped_by": stopped_by(run, config),  # what ended its fit
                 "minutes": (run["end_time"] - run["start_time"]).total_seconds() / 60
                 if status == "FINISHED"
                 else np.nan,
