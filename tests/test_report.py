@@ -26,11 +26,12 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting import render, tables
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, NOT_MEASURED, PARTLY, check_claims
+from nplm_repro.reporting.endings import improving
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exact
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.search import at_edge, search_note
-from nplm_repro.reporting.tables import Report, build, improving
+from nplm_repro.reporting.tables import Report, build
 from nplm_repro.studies import declaration
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.best import row_run
@@ -998,6 +999,41 @@ def test_a_row_says_how_many_seeds_stopped_while_still_improving() -> None:
     assert improving(curves, "LSTM") == "1 of 2" and improving(curves, "KN") == "" and improving(curves, "x") == ""
 
 
+def test_a_row_says_what_stopped_each_seed_and_one_stopped_at_its_ceiling_improving_has_not_converged(
+    empty_store: Path, tmp_path: Path
+) -> None:
+    """MLP1's seed 1 stopped early (its record), seed 2 at trainer.max_epochs still improving (its record), seed 3
+    likewise but from before runs recorded it (all of max_epochs trained). The column `stopped` names each; the note
+    `Not converged` names seeds 2 and 3 and what to change. MLP5 ended at its ceiling past its best: it converged."""
+    uri = store_in(tmp_path, empty_store)
+    client = MlflowClient(uri)
+    brown = client.create_experiment("brown", artifact_location=str(tmp_path / "mlruns"))
+    ceiling = "trainer.max_epochs=4"
+    ended = {
+        ("experiment=mlp1", "seed=1"): ((300, 280, 285, 290), {"early_stopping_epoch": 4}),
+        ("experiment=mlp1", "seed=2"): ((300, 290, 280, 270), {"max_epochs_epoch": 4}),
+        ("experiment=mlp1", "seed=3"): ((300, 290, 280, 275), {}),
+        ("experiment=mlp5", "seed=1"): ((300, 280, 285, 290), {"max_epochs_epoch": 4}),
+    }
+    for start, (overrides, (curve, stop)) in enumerate(ended.items()):
+        run_id = log_run(client, brown, (*overrides, ceiling), start, ppl=(180, min(curve), 260), epochs=curve)
+        client.log_batch(run_id, metrics=[Metric(k, v, T0, 0) for k, v in {"epochs": 4, **stop}.items()])
+    spec = declaration("brown_table1") | {"columns": ["stopped"]}
+    report = build(uri, "brown", "brown_table1", spec=spec)
+    assert row(report, "MLP1")["stopped"] == "early stopping (1), max_epochs (2), max_epochs (3)"
+    assert row(report, "MLP5")["stopped"] == "max_epochs (1)" and row(report, "Del. Int.")["stopped"] == ""
+    assert report.unconverged == [
+        (
+            "MLP1: seeds 2, 3 stopped at trainer.max_epochs=4 still improving (the last validation the best): raise "
+            "trainer.max_epochs, or give early stopping a min_delta (callbacks.early_stopping.min_delta) that ends "
+            "it sooner"
+        )
+    ]
+    md = render.markdown(report, [])
+    assert f"## Not converged (a seed stopped at its ceiling still improving)\n\n- {report.unconverged[0]}\n" in md
+    assert "stopped by (seed)" in md and "stopped" in render.csv_table(report).columns
+
+
 def test_a_search_report_counts_a_trial_that_recorded_no_run() -> None:
     """Trial 1's job was refused before it recorded a run (model.h=0 without direct): its number is missing from
     the store, and the note counts it, not '0 failed' over the trials it shows."""
@@ -1015,7 +1051,7 @@ def test_a_search_report_says_who_proposed_what_the_budget_cut_the_retrained_val
     on two seeds each: trial 2 is chosen on the retrained mean though trial 1 was best in the search, and its width
     sits at the largest choice, its lr well inside its range."""
     space = {"model.width": {"choices": ["256", "384"]}, "optim.lr": {"low": 1e-4, "high": 1e-2, "log": True}}
-    base = {"state": "finished", "start_time": 0, "epochs": 3.0, "stopped_by": "", "fit_minutes": 30.0}
+    base = {"state": "finished", "start_time": 0, "epochs": 3.0, "stopped_by": "early_stopping", "fit_minutes": 30.0}
     base |= {"threads": 1.0, "cpu": "AMD EPYC", "test_ppl": 280.0, "search_space": json.dumps(space)}
 
     def config(width: int, lr: float, trial: str = "") -> str:
@@ -1029,7 +1065,7 @@ def test_a_search_report_says_who_proposed_what_the_budget_cut_the_retrained_val
     rows = [
         base
         | {"trial": str(i), "run_id": f"t{i}", "seed": "1", "config": config(w, lr, str(i)), "valid_ppl": v}
-        | {"proposed_by": by, "stopped_by": "budget" if i == 3 else ""}
+        | {"proposed_by": by, "stopped_by": "budget" if i == 3 else "early_stopping"}
         for i, (w, lr, v, by) in enumerate(trials)
     ]
     retrains = [(1, "2", 262.0), (1, "3", 264.0), (2, "2", 258.0), (2, "3", 259.0)]

@@ -10,10 +10,12 @@ import lightning as L
 import mlflow
 import numpy as np
 import pytest
-from helpers import SLICE, check_loaded_model, composed, run_script
-from lightning.pytorch.callbacks import Callback
+import torch
+from helpers import SLICE, check_loaded_model, composed, data_slice, run_script
+from lightning.pytorch.callbacks import Callback, Timer
 
 from nplm_repro.errors import NplmError
+from nplm_repro.models.schedules import budget_rate, to_time_budget
 from nplm_repro.models.use import continue_ids
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.tracking import ledger
@@ -123,6 +125,15 @@ class Rates(Callback):
         Rates.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
 
 
+class EndRate(Callback):
+    """The learning rate the optimiser holds once the fit has ended (after its last step's schedule)."""
+
+    at_end: ClassVar[float | None] = None
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        EndRate.at_end = trainer.optimizers[0].param_groups[0]["lr"]
+
+
 NO_CEILING = ["experiment=lstm", "trainer.max_epochs=-1", "model.width=16", "model.layers=1"]
 
 
@@ -134,6 +145,7 @@ def test_an_lstm_without_a_ceiling_warms_up_over_its_first_epoch(tiny_brown_path
     overrides += ["data.split.test=1000", "trainer.limit_train_batches=3", "callbacks.early_stopping.patience=0"]
     overrides += ["+callbacks.early_stopping.min_delta=1e9", f"tracking.uri=sqlite:///{tmp_path}/m.db"]
     overrides += ["+callbacks.rates={_target_:test_sequence_runs.Rates}"]
+    Rates.seen.clear()
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
         cfg = composed(*overrides, f"callbacks.model_checkpoint.dirpath={tmp_path}/c")
@@ -149,3 +161,48 @@ def test_a_cosine_without_a_ceiling_is_refused_in_one_line() -> None:
     with pytest.raises(NplmError, match=r"^trainer.max_epochs=-1 has no last epoch for optim.plateau_factor=null"):
         check_config(composed(*NO_CEILING, "optim.plateau_factor=null"))
     check_config(composed(*NO_CEILING))  # plateaus and early stopping need no ceiling
+
+
+def test_the_budgets_rate_rises_then_falls_to_a_tenth_when_the_budget_is_spent() -> None:
+    """optim.anneal_to_time's factor, by the fraction of trainer.max_time spent: the rise over `warmup` of it, then
+    the cosine, half way down at half the rest, a tenth at the budget and after it."""
+    assert (budget_rate(0.0, 0.1), budget_rate(0.05, 0.1), budget_rate(0.1, 0.1)) == pytest.approx((0.0, 0.5, 1.0))
+    assert budget_rate(0.55, 0.1) == pytest.approx(0.55)  # (1 + 0.1) / 2
+    assert budget_rate(1.0, 0.1) == pytest.approx(0.1) and budget_rate(1.3, 0.1) == pytest.approx(0.1)
+    assert budget_rate(0.0, 0.0) == 1.0  # no rise: the peak at once
+
+
+def test_a_resumed_run_goes_on_down_the_cosine_from_its_checkpointed_seconds() -> None:
+    """The factor reads the Timer's fit seconds, which a checkpoint keeps: a run resumed 60 s into a 100 s budget (its
+    Timer restored as Lightning restores it from the checkpoint) trains on at 60% of the way, not from its peak."""
+    timer = Timer(duration="00:00:01:40")
+    timer.load_state_dict({"time_elapsed": {"train": 60.0}})
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    to_time_budget(optimizer, timer, 0.0)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * budget_rate(0.6, 0.0))
+
+
+@pytest.mark.parametrize("anneal", [True, False], ids=["anneal_to_time", "cosine_to_max_epochs"])
+def test_a_time_budget_ends_annealed_only_when_the_schedule_ends_at_it(
+    anneal: bool, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """A real LSTM run stopped by trainer.max_time (3 s, of a ceiling it never reaches). With optim.anneal_to_time the
+    rate falls along the fit's seconds to a tenth of optim.lr by the end; without it adamw's cosine runs to
+    trainer.max_epochs, and the run stops with its rate at its peak. Either way the run records what stopped it."""
+    overrides = ["experiment=lstm", "model.width=16", "model.layers=1", "model.output=standard", "optim.warmup=0"]
+    overrides += ["optim.plateau_factor=null"]
+    overrides += [f"data.path={tiny_brown_path}", *data_slice(5000, 1000, 1000), "trainer.max_epochs=100000"]
+    overrides += ["+trainer.max_time='00:00:00:03'", "callbacks.early_stopping.patience=100000"]
+    overrides += ["+callbacks.rates={_target_:test_sequence_runs.Rates}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]
+    overrides += ["+callbacks.end_rate={_target_:test_sequence_runs.EndRate}", "trainer.enable_progress_bar=false"]
+    overrides += ["+optim.anneal_to_time=true"] if anneal else []
+    Rates.seen.clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        cfg = composed(*overrides, f"callbacks.model_checkpoint.dirpath={tmp_path}/c")
+        run_id, _ = ledger.run(cfg)
+    metrics = mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db").get_run(run_id).data.metrics
+    assert "max_time_epoch" in metrics and metrics["fit_seconds"] >= 3
+    peak, last = cfg.optim.lr, EndRate.at_end
+    assert Rates.seen[0] == pytest.approx(peak) and last is not None
+    assert last == pytest.approx(0.1 * peak, rel=1e-3) if anneal else last > 0.99 * peak

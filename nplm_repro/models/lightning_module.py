@@ -89,6 +89,11 @@ class NPLMModule(LanguageModule):
         if output == "energy" and cfg.model.h == 0:
             raise NplmError("model.output=energy needs model.h >= 1 (its energy is v . tanh(d + Hx))")
         o = cfg.optim
+        if o.get("anneal_to_time"):
+            raise NplmError(
+                "optim.anneal_to_time is adamw's (the LSTM's and the Transformer's recipe): eq. (1)'s paper and fast "
+                "recipes have no cosine to end at trainer.max_time"
+            )
         # SparseSGD keeps the log of each step's decay factor, 1 - lr x batch_size x weight_decay (one device)
         if o.get("output") == "sampled" and o.lr * o.batch_size * o.weight_decay >= 1:
             raise NplmError(

@@ -1,13 +1,41 @@
 """The learning-rate schedules of the training recipes, apart from any one family: eq. (1)'s recipes (the paper's
-decay per training word, the fast recipe's drop on a plateau; lightning_module.py's doc) and the LSTM's drop on a
-plateau (sequence.py) build their schedulers here, so that one knob reads the same in every family.
+decay per training word, the fast recipe's drop on a plateau; lightning_module.py's doc), the sequence models' drop
+on a plateau and adamw's cosine, to its last step or to its time budget (sequence.py), build their schedulers here,
+so that one knob reads the same in every family.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Timer
+
+
+def cosine(done: float) -> float:
+    """adamw's factor when `done` (0 to 1; past 1 counts as 1) of its cosine has passed: from 1 down to a tenth."""
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(done, 1.0)))
+
+
+def budget_rate(spent: float, warmup: float) -> float:
+    """adamw's factor when `spent` (0 to 1) of a time budget is spent: a linear rise over its first `warmup`, then
+    the cosine, which reaches a tenth when the budget is spent (`optim.anneal_to_time`)."""
+    if spent < warmup:
+        return spent / warmup
+    return cosine((spent - warmup) / (1.0 - warmup))
+
+
+def to_time_budget(optimizer: torch.optim.Optimizer, timer: Timer, warmup: float) -> dict[str, Any]:
+    """adamw's rise and cosine along the time budget `timer` keeps (trainer.max_time) instead of along steps: the
+    factor at each step is `budget_rate` of the fit's seconds so far over the budget. Those are the Timer's, training
+    and validation alike for every family (the report's fit_seconds), and a checkpoint keeps them: a resumed run
+    goes on down the cosine where it was stopped, not from its peak."""
+    budget = timer.time_elapsed() + timer.time_remaining()  # trainer.max_time in seconds (the Timer keeps it private)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda _: budget_rate(timer.time_elapsed() / budget, warmup)
+    )
+    return {"scheduler": scheduler, "interval": "step"}
 
 
 def schedules(

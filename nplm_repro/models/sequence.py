@@ -16,6 +16,9 @@ Recipes (`optim.recipe`):
   null: a fixed budget), or kept until an epoch does not improve validation and then multiplied by
   `optim.plateau_factor`, the run ended by early stopping (train to convergence, `trainer.max_epochs` a ceiling).
   Without a ceiling (`trainer.max_epochs=-1`) the rise spans the first epoch: the run's length is not known.
+  With `optim.anneal_to_time: true` (and `plateau_factor` null) the rise and the cosine run along the time budget
+  instead, `trainer.max_time`: the rate reaches a tenth when the fit's seconds (training and validation, the Timer's,
+  as for every family) have spent it, so a row stopped at equal compute stops annealed, not at its peak.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import math
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Timer
 from torch import nn
 
 from nplm_repro.data.corpus import Corpus
@@ -31,7 +35,7 @@ from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches,
 from nplm_repro.errors import NplmError
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.outputs import Head
-from nplm_repro.models.schedules import schedules
+from nplm_repro.models.schedules import cosine, schedules, to_time_budget
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 RECIPES = ("sgd", "adamw")
@@ -54,6 +58,7 @@ class SequenceModule(LanguageModule):
             "optim.recipe": one_of(*RECIPES),
             "optim.clip": optional(number(0, low_open=True)),
             "optim.warmup": optional(number(0, 1, high_open=True)),
+            "optim.anneal_to_time": optional(flag()),  # absent (off) in every optim group: no stored run's key moves
             "model.width": at_least(1),
             "model.layers": at_least(1),
             "model.dropout": number(0, 1, high_open=True),
@@ -64,11 +69,25 @@ class SequenceModule(LanguageModule):
     @classmethod
     def check(cls, cfg: Any) -> None:
         """The cosine of `adamw` without plateaus falls to its floor at the run's last step: a run without a
-        ceiling (trainer.max_epochs=-1, no trainer.max_steps) has none."""
+        ceiling (trainer.max_epochs=-1, no trainer.max_steps) has none. With `optim.anneal_to_time` it falls at
+        trainer.max_time, which must then be given, and it is that cosine's (adamw, no plateaus)."""
         super().check(cfg)
         trainer, optim = cfg.trainer, cfg.optim
+        fixed = optim.get("recipe") == "adamw" and optim.get("plateau_factor") is None  # the cosine, no plateaus
+        if optim.get("anneal_to_time"):
+            if not fixed:
+                raise NplmError(
+                    "optim.anneal_to_time=true ends adamw's cosine at trainer.max_time: it needs optim.recipe=adamw "
+                    f"and optim.plateau_factor=null (here {optim.get('recipe')} and {optim.get('plateau_factor')})"
+                )
+            if trainer.get("max_time") is None:
+                raise NplmError(
+                    "optim.anneal_to_time=true anneals the rate to trainer.max_time, which is not set: give "
+                    "trainer.max_time (DD:HH:MM:SS), or leave optim.anneal_to_time off"
+                )
+            return
         unbounded = trainer.get("max_epochs") == -1 and trainer.get("max_steps", -1) == -1
-        if optim.get("recipe") == "adamw" and optim.get("plateau_factor") is None and unbounded:
+        if fixed and unbounded:
             raise NplmError(
                 "trainer.max_epochs=-1 has no last epoch for optim.plateau_factor=null's cosine to fall to: give "
                 "trainer.max_epochs, or a plateau_factor (the rate drops on plateaus, early stopping ends the run)"
@@ -168,6 +187,9 @@ class SequenceModule(LanguageModule):
             optimizer = torch.optim.SGD(groups, lr=o["lr"])
             return [optimizer], schedules(optimizer, None, o.get("plateau_factor"), 1)
         optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=(0.9, 0.98))
+        if o.get("anneal_to_time"):  # the cosine's end is trainer.max_time, whose Timer Lightning adds
+            timer = next(c for c in self.trainer.callbacks if isinstance(c, Timer))
+            return [optimizer], [to_time_budget(optimizer, timer, o.get("warmup") or 0.0)]
         total = self.trainer.estimated_stepping_batches  # inf without a ceiling (trainer.max_epochs=-1)
         if math.isfinite(total):
             total = max(int(total), 1)
@@ -182,8 +204,7 @@ class SequenceModule(LanguageModule):
         def rate(step: int) -> float:
             if step < warmup:
                 return (step + 1) / warmup
-            done = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * done))
+            return cosine((step - warmup) / max(total - warmup, 1))
 
         return [optimizer], [{"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, rate), "interval": "step"}]
 

@@ -77,6 +77,36 @@ class FitClock(Callback):
         pl_module.log("fit_seconds_epoch", timer.time_elapsed("train"))
 
 
+class StopReason(Callback):
+    """What ended the fit, logged at its end as the metric `<why>_epoch` (the epochs trained), as a search's trial logs
+    `pruned_epoch` or `budget_epoch`: `early_stopping`, `max_time` (the Timer's budget spent: the fit's seconds,
+    training and validation), `max_steps` or `max_epochs` (the ceiling), the first that holds; none when something
+    else stopped it (a search's pruner or budget, which log their own). The report's `stopped` column and its
+    not-converged note read it (tracking/stops.py)."""
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        why = stop_reason(trainer)
+        if why and trainer.logger is not None:
+            trainer.logger.log_metrics({f"{why}_epoch": float(trainer.current_epoch)}, step=trainer.global_step)
+
+
+def stop_reason(trainer: L.Trainer) -> str:
+    """Which of the trainer's stopping rules ended its fit ('' for none of them). Early stopping's stopped_epoch is
+    the epoch it stopped in, from 0, and it never stops in the first: the first validation always improves on none."""
+    stopping = trainer.early_stopping_callback
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    remaining = timer.time_remaining() if timer is not None else None
+    if stopping is not None and stopping.stopped_epoch > 0:
+        return "early_stopping"
+    if remaining is not None and remaining <= 0:
+        return "max_time"
+    if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+        return "max_steps"
+    if trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs:
+        return "max_epochs"
+    return ""
+
+
 class Signalled(Callback):
     """Stops a fit or a scoring at the next batch after a Ctrl-C or SIGTERM whose KeyboardInterrupt was lost
     (`raise_if_signalled`), as Lightning does for SIGTERM on its own."""
@@ -126,11 +156,12 @@ class KeptScores(Callback):
 
 def fit_callbacks(cfg: DictConfig) -> list[Callback]:
     """The config's callbacks (no progress bar when bars are off), the resume point if `save_last`, a Timer, the
-    epoch for a sweep's progress display, the fit's seconds at each validation and a lost Ctrl-C's stop."""
+    epoch for a sweep's progress display, the fit's seconds at each validation, what ended the fit and a lost
+    Ctrl-C's stop."""
     bars = cfg.trainer.get("enable_progress_bar", True)  # a progress bar callback with the bar off is an error
     kept = {name: c for name, c in cfg.callbacks.items() if bars or name != "progress_bar"}
     callbacks = [instantiate(c, **ACTS_ON.get(name, {})) for name, c in kept.items()]
-    callbacks += [EpochStatus(), FitClock(), Signalled()]
+    callbacks += [EpochStatus(), FitClock(), StopReason(), Signalled()]
     if cfg.callbacks.model_checkpoint.get("save_last"):
         callbacks.append(resume_point(cfg.callbacks.model_checkpoint))
     if cfg.trainer.get("max_time") is None:  # with max_time, Lightning adds its own Timer

@@ -35,6 +35,7 @@ COLUMN_FIELDS = {
     "best_epoch": ("best_epoch", "best_epoch_std"),
     "improving": ("improving",),
     "seed_epochs": ("seed_epochs",),
+    "stopped": ("stopped",),
     "test_range": ("test_ppl_min", "test_ppl_max"),
     "train_speed": ("train_speed", "train_speed_std"),
 }
@@ -147,6 +148,7 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
         for r in report.other_data.itertuples()
     ]
     lists = [
+        ("Not converged (a seed stopped at its ceiling still improving)", report.unconverged),
         *report.notes,
         ("Missing (no run)", report.missing),
         ("Running (shown as running, never as a number)", _runs_list(report.running)),

@@ -11,12 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-ENDINGS = {  # how a trial's run ended: its `stopped_by`, else whether it trained max_epochs
-    "pruned": "pruned",
-    "budget": "stopped by the budget",
-    "converged": "early stopping",
-    "ceiling": "max_epochs",
-}
+from nplm_repro.tracking.stops import STOPS
+
+ENDINGS = STOPS | {"budget": "stopped by the budget"}  # how a trial's run ended, its `stopped_by` (tracking/stops.py)
 
 
 def number(value: Any) -> str:
@@ -36,13 +33,6 @@ def searched_keys(runs: pd.DataFrame) -> list[str]:
 
 def epochs(count: float) -> str:
     return f"{int(count)} epoch{'s' * (int(count) != 1)}"
-
-
-def ending(run: pd.Series) -> str:
-    if run["stopped_by"]:
-        return run["stopped_by"]
-    ceiling = pd.to_numeric(json.loads(run["config"]).get("trainer.max_epochs"), errors="coerce")
-    return "ceiling" if run["epochs"] >= ceiling else "converged"
 
 
 def cpu_hours(runs: pd.DataFrame) -> float:
@@ -168,7 +158,7 @@ def search_note(runs: pd.DataFrame, curves: dict[str, list[float]] | None = None
     trials["number"] = trials["trial"].astype(int)
     trials = trials.sort_values(["number", "start_time"]).drop_duplicates("number", keep="last")
     finished = trials[trials["state"] == "finished"]
-    endings = finished.apply(ending, axis=1).value_counts()
+    endings = finished["stopped_by"].value_counts()
     counted = ", ".join(f"{endings[k]} {ENDINGS[k]}" for k in ENDINGS if k in endings)
     failed = int((trials["state"] == "failed").sum())
     running = int((trials["state"] == "running").sum())
@@ -196,7 +186,7 @@ def search_note(runs: pd.DataFrame, curves: dict[str, list[float]] | None = None
         chosen = ", ".join(f"{k}={number(values.get(k, ''))}" for k in keys)
         lines.append(
             f"Best on validation: trial {best['number']}, valid {best['valid_ppl']:.1f} (test {best['test_ppl']:.1f}), "
-            f"{epochs(best['epochs'])} ({ENDINGS[ending(best)]}): {chosen}."
+            f"{epochs(best['epochs'])} ({ENDINGS[best['stopped_by']]}): {chosen}."
         )
         chosen_number = best["number"]
     again, retrained_number = retrained(runs, trials, keys)
@@ -226,7 +216,7 @@ def search_note(runs: pd.DataFrame, curves: dict[str, list[float]] | None = None
             continue
         hours = trial["fit_minutes"] * (1 if np.isnan(trial["threads"]) else trial["threads"]) / 60.0
         lines.append(
-            f"Trial {trial['number']}: {said}: {epochs(trial['epochs'])}, {ENDINGS[ending(trial)]}, "
+            f"Trial {trial['number']}: {said}: {epochs(trial['epochs'])}, {ENDINGS[trial['stopped_by']]}, "
             f"valid {trial['valid_ppl']:.1f}, {hours:.2f} CPU hours."
         )
     return lines

@@ -28,6 +28,7 @@ from nplm_repro.paper import (
 )
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims
+from nplm_repro.reporting.endings import best_epochs, improving, seed_epochs, stopped, unconverged
 from nplm_repro.reporting.formats import mean_std
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import Timeline, history, timeline, training_speeds, varying_keys
@@ -123,33 +124,6 @@ def short(value: str) -> str:
     return value if number.is_integer() or not math.isfinite(number) else f"{number:.3g}"
 
 
-def best_epochs(curves: dict[str, list[tuple[str, list[float]]]], seeds: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Per row label, per seed: the epoch (from 1) of the run's lowest validation perplexity, the checkpoint it
-    reports; a row whose runs never validated has none."""
-    return {
-        label: {seeds[run_id]: float(np.argmin(values) + 1) for run_id, values in runs if values}
-        for label, runs in curves.items()
-        if any(values for _, values in runs)
-    }
-
-
-def improving(curves: dict[str, list[tuple[str, list[float]]]], label: str) -> str:
-    """How many of a row's seeds were still improving when they stopped (their last validation their best: stopped
-    by max_epochs, max_time or a search's budget, not by early stopping), `2 of 3`; '' for a row never validated."""
-    runs = [values for _, values in curves.get(label, []) if values]
-    stopped = sum(int(np.argmin(values)) == len(values) - 1 for values in runs)
-    return f"{stopped} of {len(runs)}" if runs else ""
-
-
-def seed_epochs(curves: dict[str, list[tuple[str, list[float]]]], seeds: dict[str, str], label: str) -> str:
-    """Each seed's epoch of its best validation, by seed, `*` where that was its last validation (it stopped still
-    improving: by max_epochs, max_time or a budget), `14 (1), 30* (2)`; '' for a row never validated."""
-    runs = sorted((seeds.get(run_id, ""), values) for run_id, values in curves.get(label, []) if values)
-    return ", ".join(
-        f"{int(np.argmin(v)) + 1}{'*' if int(np.argmin(v)) == len(v) - 1 else ''} ({seed})" for seed, v in runs
-    )
-
-
 def with_per_seed(table: pd.DataFrame, name: str, values: dict[str, dict[str, float]]) -> pd.DataFrame:
     """The table with `name` and `name_std`, the mean and std over seeds of a per-seed value (`best_epoch`; the
     training tokens/s, `train_speed`); NaN for rows without one."""
@@ -223,6 +197,7 @@ class Report:
     recipe: recipe.Findings | None = None  # a study that declares a `recipe` (brown_recipe)
     learned: Learned | None = None  # what the best trained row's features learned (its run's features/ artifacts)
     spec: dict[str, Any] = field(default_factory=dict)  # what the study declares for its report (studies.py)
+    unconverged: list[str] = field(default_factory=list)  # rows with a seed stopped at max_epochs still improving
 
     @property
     def command(self) -> str:
@@ -285,12 +260,13 @@ def build(
     evidence = Evidence.read(uri, table)
     table = with_intervals(table, evidence)
     curves, findings = history(uri, table), None
-    seeds = dict(zip(runs["run_id"], runs["seed"]))
+    seeds, stops = dict(zip(runs["run_id"], runs["seed"])), dict(zip(runs["run_id"], runs["stopped_by"]))
     epochs, speeds = best_epochs(curves, seeds), training_speeds(uri, table, seeds)
     table = with_per_seed(with_per_seed(table, "best_epoch", epochs), "train_speed", speeds)
     table = table.assign(
         improving=[improving(curves, label) for label in table["label"]],
         seed_epochs=[seed_epochs(curves, seeds, label) for label in table["label"]],
+        stopped=[stopped(run_ids, stops, seeds) for run_ids in table["run_ids"].fillna("")],
     )
     claims = check_claims(spec.get("claims") or [], table, evidence, epochs, speeds)
     if plan:
@@ -323,6 +299,7 @@ def build(
         recipe=findings,
         learned=learned_features(uri, table, runs),
         spec=spec,
+        unconverged=unconverged(table, curves, stops, seeds),
     )
 
 
@@ -378,6 +355,8 @@ def display(report: Report) -> pd.DataFrame:
         frame[("", "improving at the end")] = report.table["improving"]
     if "seed_epochs" in columns:
         frame[("", "best epoch (seed), * still improving")] = report.table["seed_epochs"]
+    if "stopped" in columns:
+        frame[("", "stopped by (seed)")] = report.table["stopped"]
     if "train_speed" in columns:
         frame[("", "training tokens/s")] = report.table.apply(_train_speed, axis=1)
     frame[("", "seeds")] = report.table.apply(_seeds, axis=1)

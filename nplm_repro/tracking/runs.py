@@ -34,6 +34,7 @@ from nplm_repro.paper import (
 )
 from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, IMPLIED, without_unused
 from nplm_repro.tracking.redaction import redact
+from nplm_repro.tracking.stops import stopped_by
 from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
 
 # Runs from before the tag `family`: their class's name, wherever it lived then.
@@ -192,9 +193,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "trial": _text(get("params.callbacks.pruning.trial")),  # a search's trial (tracking/search.py)
                 "proposed_by": _text(get("tags.search_proposed_by")),  # its values: `random` or the sampler's
                 "search_space": _text(get("tags.search_space")),  # its distributions, JSON (search.py `described`)
-                "stopped_by": next(  # what stopped a search's trial before early stopping or max_epochs did
-                    (why for why in ("pruned", "budget") if present(get(f"metrics.{why}_epoch"))), ""
-                ),
+                "stopped_by": stopped_by(run, config),  # what ended its fit
                 "minutes": (run["end_time"] - run["start_time"]).total_seconds() / 60
                 if status == "FINISHED"
                 else np.nan,
