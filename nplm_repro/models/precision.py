@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from nplm_repro.cache import cache_root
 from nplm_repro.errors import NplmError
+from nplm_repro.machine import cpuinfo
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +102,9 @@ def cuda_model() -> str:
 def cpu_model() -> str:
     """What identifies this CPU's arithmetic: its model name, family/model/stepping and feature flags (a VM may
     name Zen 1 and Zen 4 both "AMD EPYC"), and torch's kernel level."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "cpu family", "model", "stepping", "flags") and key not in fields:
-                fields[key] = value.strip()
-    except OSError:
+    found = cpuinfo()
+    fields = {k: found[k] for k in ("model name", "cpu family", "model", "stepping", "flags") if k in found}
+    if not found:
         fields["model name"] = platform.processor() or platform.machine()
     fields["capability"] = torch.backends.cpu.get_cpu_capability()
     return json.dumps(fields, sort_keys=True)

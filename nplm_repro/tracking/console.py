@@ -16,6 +16,8 @@ trains, whether it waits for another job's MLP, and how it ended.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import sys
@@ -86,6 +88,19 @@ def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapse
     elif 0 < finished < work:
         parts.append(f"~{duration(elapsed * (work - finished) / finished)} left")
     return " | ".join(parts)
+
+
+def job_error(job: JobReturn) -> BaseException | None:
+    """The error a failed job raised, read through JobReturn's public `return_value`, which raises it and says so on
+    stderr (kept quiet here: the caller says it in one line); None for a job that did not fail."""
+    if job.status != JobStatus.FAILED:
+        return None
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            job.return_value  # noqa: B018 (raises the job's error)
+        except BaseException as error:  # noqa: BLE001 (the job's own error, whatever it was)
+            return error
+    return None
 
 
 class SweepConsole(Callback):
@@ -182,12 +197,12 @@ class SweepConsole(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.in_process and job_return.status == JobStatus.FAILED:
-            say_failed(config, job_return._return_value)
+            say_failed(config, job_error(job_return))
         if self._saved is None:
             return
         seconds = time.monotonic() - self._started
         if job_return.status == JobStatus.FAILED:
-            error = job_return._return_value
+            error = job_error(job_return)
             print(f"error: {type(error).__name__}: {one_line(error)}", file=sys.stderr)
             report_status(state="failed", error=one_line(error), seconds=seconds)
         else:

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted
+from nplm_repro.machine import cpuinfo
 from nplm_repro.tracking.keys import KEY_VERSION, family_of, trained, without_unused
 from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.store import store_error
@@ -142,13 +143,7 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile",
 
 def cpu() -> tuple[str, str]:
     """The CPU's model (with its family and model numbers, which tell Zen 3 from Zen 4) and its CPU_FLAGS."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if not line.strip():
-                break  # the first processor says it all
-            fields.setdefault(key.strip(), value.strip())
+    fields = cpuinfo()
     name = fields.get("model name") or platform.processor() or platform.machine()
     if "cpu family" in fields:
         name += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"

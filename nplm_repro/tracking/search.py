@@ -29,12 +29,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -51,6 +51,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import NplmError
+from nplm_repro.tracking.console import job_error
 from nplm_repro.tracking.search_checks import BINDING, binding, import_optuna
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ class Search(Sweeper):
         if BINDING not in study.user_attrs:  # made now, or before bindings were kept (search_checks.py)
             study.set_user_attr(BINDING, binding(self.config))
         self._next_job = len(study.trials)
-        left = [optuna.trial.Trial(study, t._trial_id) for t in study.trials if t.state.name == "RUNNING"]
+        left = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))  # their numbers, values
         if left:
             log.info(
                 "search %s: %d trials left running by a stopped search, launched again", self.study_name, len(left)
@@ -236,7 +237,7 @@ class Search(Sweeper):
                     trial, seed = running[future]
                     result = future.result()
                     if result.status != JobStatus.COMPLETED:
-                        failed.append(f"trial {trial.number} seed {seed}: {result._return_value}")
+                        failed.append(f"trial {trial.number} seed {seed}: {job_error(result)}")
                         continue
                     retrained.setdefault(str(trial.number), {})[str(seed)] = float(result.return_value)
                     study.set_user_attr(RETRAINED, retrained)
@@ -307,17 +308,20 @@ class Search(Sweeper):
         return result
 
     def _tell(self, study: Any, trial: Any, result: JobReturn) -> list[str]:
+        """Tell the study how `trial` (a Trial, or a FrozenTrial left running by a stopped search) ended: FAIL, PRUNED
+        where its job said so (`pruned_epoch`), else its value."""
         optuna = import_optuna()
-        if result.status != JobStatus.COMPLETED:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            why = f"trial {trial.number}: {type(result._return_value).__name__}: {result._return_value}"
+        error = job_error(result)
+        if error is not None:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            why = f"trial {trial.number}: {type(error).__name__}: {error}"
             log.error("search %s: %s", self.study_name, why)
             return [why]
-        frozen = self._storage.get_trial(trial._trial_id)  # as the job left it
+        (frozen,) = [t for t in study.get_trials(deepcopy=False) if t.number == trial.number]  # as the job left it
         if "pruned_epoch" in frozen.user_attrs:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
         else:
-            study.tell(trial, float(result.return_value))
+            study.tell(trial.number, float(result.return_value))
         return []
 
     def _summary(self, study: Any, failed: list[str]) -> None:
@@ -359,9 +363,13 @@ class Pruning(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         optuna = import_optuna()
-        self._study = optuna.load_study(study_name=self.study_name, storage=self.storage, pruner=self.pruner)
+        storage = optuna.storages.RDBStorage(self.storage)
+        self._study = optuna.load_study(study_name=self.study_name, storage=storage, pruner=self.pruner)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(
+            storage.get_study_id_from_name(self.study_name), self.number
+        )
+        self._trial = optuna.trial.Trial(self._study, trial_id)  # the search's trial, reported to from this job
         frozen = next(t for t in self._study.get_trials(deepcopy=False) if t.number == self.number)
-        self._trial = optuna.trial.Trial(self._study, frozen._trial_id)
         logger = trainer.logger
         if isinstance(logger, MLFlowLogger):  # what the report reads of the search: its edges, who proposed
             tags = {
@@ -395,15 +403,9 @@ class Pruning(Callback):
 
 
 def workers() -> list[int]:
-    """The processes this one started (the parallel launcher's workers), read from /proc: the launcher's executor is
-    joblib's, private to its launches."""
-    me, found = str(os.getpid()), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
-            if fields[1] == me:
-                found.append(int(stat.parent.name))
-    return found
+    """The launcher's workers: the processes this one started through multiprocessing (joblib's loky executor starts
+    its workers so; the basic launcher starts none)."""
+    return [process.pid for process in multiprocessing.active_children() if process.pid is not None]
 
 
 def signal_workers(how: signal.Signals) -> None:
