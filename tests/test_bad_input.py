@@ -238,6 +238,7 @@ def last_line(output: str) -> str:
     return [line for line in output.split("\n") if line.strip()][-1]
 
 
+@pytest.mark.slow  # over 10 s
 def test_an_error_is_the_last_line_of_the_output_on_its_own(tiny_brown_path: Path, tmp_path: Path) -> None:
     """stdout and stderr into one file: a diverging MLP's error came glued to the end of its progress bar
     (`...tok/s=33,576]nplm-train: error: ...`), and the bar was drawn once more after it, at exit. Its diverged loss
@@ -300,6 +301,7 @@ def test_the_resource_trackers_say_nothing_after_a_commands_last_line() -> None:
     assert (quieted.stdout, quieted.stderr) == ("made\n", "")
 
 
+@pytest.mark.slow  # over 10 s
 def test_a_model_key_on_a_mixed_row_says_which_of_its_rows_has_it(tmp_path: Path) -> None:
     """`experiment=mlp2 model.h=16` got Hydra's bare "Key 'h' is not in struct": MLP2 has no h of its own."""
     result = run_script("nplm-train", "experiment=mlp2", "model.h=16", cwd=tmp_path)

@@ -88,6 +88,7 @@ def by_hand(runs: pd.DataFrame) -> str:
     return str(mine.sort_values("valid_ppl").iloc[0]["run_id"])
 
 
+@pytest.mark.slow  # over 10 s
 def test_the_report_the_registry_and_row_name_the_same_best_run(store: tuple[Path, str]) -> None:
     """Two trained rows of two seeds each (and a counted row with a lower valid perplexity, which is not a trained
     row): the report's best trained row, whose features it shows, the registry's `champion` and `--row` name one

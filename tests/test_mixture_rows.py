@@ -52,6 +52,7 @@ def test_a_row_name_two_configurations_share_is_refused_naming_both(store: str) 
     assert "KN + trigram" not in rows  # refused before its run was opened
 
 
+@pytest.mark.slow  # over 10 s
 def test_the_runs_a_mixture_mixes_are_part_of_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same mixture config over kn3 in one store and kn5 in another is two configurations, not one."""
     monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))

@@ -213,6 +213,7 @@ def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pyte
     return short_run(tmp_path_factory.mktemp(request.param), brown_path, "experiment=mlp5", *OUTPUTS[request.param])
 
 
+@pytest.mark.slow  # over 10 s
 def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[str, str]) -> None:
     uri, run_id = row
     output = mlflow.MlflowClient(uri).get_run(run_id).data.params["model.output"]

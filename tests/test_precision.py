@@ -147,6 +147,7 @@ def all_runs(workdir: Path) -> list[mlflow.entities.Run]:
     return client.search_runs([client.get_experiment_by_name("brown").experiment_id])
 
 
+@pytest.mark.slow  # over 10 s
 def test_a_job_keeps_the_precision_its_run_resolved_when_the_probe_would_choose_the_other(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -179,6 +180,7 @@ def test_a_job_keeps_the_precision_its_run_resolved_when_the_probe_would_choose_
     assert client.get_run(orphan).info.status == "KILLED" and client.get_run(orphan).data.tags["killed_because"]
 
 
+@pytest.mark.slow  # over 10 s
 def test_one_command_makes_the_same_model_on_a_cpu_with_bfloat16_units_and_on_one_without(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

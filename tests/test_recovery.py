@@ -400,6 +400,7 @@ def test_unusable_tracking_store_is_one_line_before_any_work(
     assert not (tmp_path / "reports").exists() and not list(tmp_path.glob("outputs/*/*/checkpoints"))
 
 
+@pytest.mark.slow  # over 10 s
 def test_a_cache_that_is_a_file_is_one_line_and_no_run(brown_path: Path, tmp_path: Path) -> None:
     """NPLM_CACHE naming a file was a NotADirectoryError, an "unexpected error" with exit 1."""
     (tmp_path / "cache").write_text("not a directory")
@@ -647,6 +648,7 @@ def test_mlflow_tracking_uri_pointing_nowhere_is_one_line_before_any_work(
     )
 
 
+@pytest.mark.slow  # over 10 s
 def test_a_mixed_row_before_its_rows_is_one_line_and_records_no_run(brown_path: Path, tmp_path: Path) -> None:
     """MLP4 mixes the runs of MLP3's and Del. Int.'s rows: with neither run yet, one line naming the first, exit 2."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -94,6 +94,7 @@ def real_store(brown_path: Path, empty_store: Path, tmp_path_factory: pytest.Tem
     return workdir, uri
 
 
+@pytest.mark.slow  # over 10 s
 def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     real_store: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -453,6 +454,7 @@ def test_an_out_that_cannot_be_a_directory_is_one_line_before_the_store_is_read(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no store, no report, no probe left
 
 
+@pytest.mark.slow  # over 10 s
 def test_an_unexpected_error_of_nplm_report_names_its_own_traceback_switch(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:

@@ -46,6 +46,7 @@ def scores_file(uri: str, run_id: str) -> Path:
     return Path(mlflow.MlflowClient(uri).get_run(run_id).info.artifact_uri.removeprefix("file://")) / ARTIFACT
 
 
+@pytest.mark.slow  # over 10 s
 @pytest.mark.parametrize("row", list(ROWS))
 def test_kept_scores_give_the_logged_perplexities(store: tuple[Path, str, dict[str, str]], row: str) -> None:
     """exp(-mean ln P) of the kept scores is the run's valid_ppl and test_ppl (MLP, n-gram and mixed runs alike),
@@ -84,6 +85,7 @@ def test_scoring_a_run_again_reproduces_its_logged_perplexities(
         assert np.exp(-np.mean(logprob, dtype=np.float64)) == pytest.approx(metrics[f"{split}_ppl"], rel=1e-6)
 
 
+@pytest.mark.slow  # over 10 s
 def test_nplm_score_prints_what_was_counted_and_writes_every_tokens_score(
     store: tuple[Path, str, dict[str, str]], tmp_path: Path
 ) -> None:

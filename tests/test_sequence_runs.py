@@ -56,6 +56,7 @@ def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pyte
     return uri, run_id
 
 
+@pytest.mark.slow  # over 10 s
 def test_each_validation_logs_the_fits_seconds_at_its_own_step(row: tuple[str, str]) -> None:
     """The compute figure pairs each validation perplexity with the fit's seconds logged at the same step."""
     uri, run_id = row
@@ -182,6 +183,7 @@ def test_a_resumed_run_goes_on_down_the_cosine_from_its_checkpointed_seconds() -
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * budget_rate(0.6, 0.0))
 
 
+@pytest.mark.slow  # over 10 s
 @pytest.mark.parametrize("anneal", [True, False], ids=["anneal_to_time", "cosine_to_max_epochs"])
 def test_a_time_budget_ends_annealed_only_when_the_schedule_ends_at_it(
     anneal: bool, tiny_brown_path: Path, tmp_path: Path

@@ -150,6 +150,7 @@ def test_clock_leaves_out_the_time_before_resume(monkeypatch: pytest.MonkeyPatch
     }
 
 
+@pytest.mark.slow  # over 10 s
 def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path: Path) -> None:
     result = run_script(
         "nplm-bench",

@@ -109,12 +109,14 @@ def test_a_mixed_mlp_job_finds_its_stored_run_by_its_former_key(
     assert (config_key(former, "0123456789abcdef"), model_key(former, "0123456789abcdef")) == (config, model)
 
 
+@pytest.mark.slow  # over 10 s
 def test_help_lists_the_studies_from_any_directory(tmp_path: Path) -> None:
     result = run_script("nplm-train", "--help", cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert f"study: {', '.join(STUDIES)}\n" in result.stdout
 
 
+@pytest.mark.slow  # over 10 s
 def test_nplm_bench_finds_its_config_from_any_directory(tmp_path: Path) -> None:
     result = run_script("nplm-bench", "--cfg", "job", "experiment=kn3", cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -140,6 +142,7 @@ def test_a_config_directory_of_ones_own_is_left_to_hydra(tmp_path: Path) -> None
     assert study_form(argv) == argv
 
 
+@pytest.mark.slow  # over 10 s
 def test_a_study_file_not_the_installed_one_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "grid.yaml").write_text((SWEEPS / "grid.yaml").read_text().replace("range(1,3)", "range(1,4)"))
     with pytest.raises(NplmError, match="grid.yaml is not the study grid installed with nplm_repro"):

@@ -59,6 +59,7 @@ def trained(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     return workdir, uri
 
 
+@pytest.mark.slow  # over 10 s
 def test_a_run_ends_with_one_summary_of_what_it_measured_and_no_noise(trained: tuple[Path, str]) -> None:
     """Split, tokens and perplexity once each (Lightning's table repeated them under DataLoader 0, 1 and 2), and
     none of the warnings a user cannot act on."""
