@@ -4,9 +4,9 @@ its range allows, torch at the CPU build's 2.13.0."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
