@@ -3,6 +3,7 @@
 nplm-bench experiment=mlp9                       # the MLP9 configuration on real Brown data
 nplm-bench experiment=lstm 'bench.what=[matmul,train,sampled,classes]'   # any family: lstm, transformer
 nplm-bench experiment=mlp1 bench.what=[matmul,train]
+nplm-bench experiment=mlp9 'bench.what=[train,sampled,classes,plain,profile]'   # each step against its floor
 nplm-bench bench.what=[ngram] bench.ngram_rows=[del_int,kn3]
 
 Takes the same overrides as `nplm-train`. Every line is timed in `bench.repeats` rounds (3) of at least
@@ -20,6 +21,13 @@ dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 oth
   dy^T z) at a training step's tokens, float32 and bfloat16, as `matmul_gflops` and `matmul_gflops_range`;
 - baseline (eq. (1) only): a straightforward PyTorch implementation of the same model (map-style Dataset of
   windows, shuffled DataLoader, nn.Embedding + nn.Linear, CrossEntropyLoss, plain SGD, float32): the reference;
+- plain (eq. (1) only): the floor of each training line below, its step as the simplest PyTorch loop that computes
+  the same thing (models/plain_loop.py: the same shapes, proposal, estimator and update rule on the same batches; no
+  Lightning, no optimiser object), for the lines `bench.what` names with it (all three when it names none):
+  `plain exact <precision>` for each precision the `train` lines resolve to, `plain sampled` (not for the energy
+  network) and `plain classes` (float32, as eq. (1)'s class layer computes whatever the precision). Each of those
+  training lines then gives `x_plain`, its rate against its floor: the gap is Lightning's loop, the optimiser's and
+  the step's own Python and operators;
 - train: the family's LightningModule in a real Trainer, the softmax over V trained exactly, for each precision in
   `bench.precisions`; the `auto` line says what `trainer.precision=auto` resolved to here (`resolved`) and the
   probe's rates it chose by;
@@ -73,6 +81,7 @@ from nplm_repro.models.speed import (
     ceiling,
     device_of,
     matmul_rates,
+    plain_steps,
     profile_steps,
     rows_per_token,
     train_steps,
@@ -158,7 +167,7 @@ def _probs_pass(cfg: DictConfig, module: LanguageModule, corpus: Corpus, split: 
     return probs, len(probs)
 
 
-MEASURES = ("matmul", "baseline", "train", "sampled", "profile", "classes", "eval", "mixture", "ngram")
+MEASURES = ("matmul", "baseline", "plain", "train", "sampled", "profile", "classes", "eval", "mixture", "ngram")
 LISTS = ("what", "precisions", "ngram_rows")  # the bench keys that are lists
 
 
@@ -216,33 +225,61 @@ def bench(cfg: DictConfig) -> None:
         result = baseline(cfg, corpus)
         emit("train baseline float32", **result, **ceiling(train_flops, result, rates["float32"]), **shape)
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
-    module, speeds = None, {}
-    for precision in cfg.bench.precisions if what & {"train", "eval", "mixture", "classes"} else []:
-        concrete, tags = job_precision(precision, cfg.trainer.accelerator, "exact", what_trains)  # as nplm-train would
-        result, module = train_steps(exact, corpus, concrete)
-        speeds[precision] = result["tokens_per_s"]
-        if "train" in what:
-            chosen = {"resolved": concrete, **{k.removeprefix("precision."): v for k, v in tags.items()}}
-            matmul = rates["bfloat16" if concrete.startswith("bf16") else "float32"]
-            emit(
-                f"train {precision}",
-                **result,
-                **ceiling(train_flops, result, matmul),
-                **(chosen if precision == "auto" else {}),
-                **shape,
-            )
+    concrete = {p: job_precision(p, cfg.trainer.accelerator, "exact", what_trains) for p in cfg.bench.precisions}
     # sampled: the command's own sampling keys, or optim=sampled's, over the family's recipe; float32
     drawn = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
     model = exact.model if cfg.model.output == "classes" else cfg.model  # energy trains sampled too; classes not
     sampled = OmegaConf.merge(cfg, {"optim": {k: drawn[k] for k in SAMPLING_KEYS}, "model": model})
+    classes = OmegaConf.merge(exact, {"model": {"output": "classes"}})
+
+    def flops(layer: str, trained: LanguageModule) -> float:
+        """A line's FLOPs a token at the output rows it computes: |V|, the k drawn words (at most: with repeats)
+        and the target, or the classes and a token's class (of the line's module's classes)."""
+        rows = {"exact": vocab, "sampled": drawn.samples + 1}.get(layer) or rows_per_token(trained, corpus)
+        return 3 * probe.flops_per_token(rows)
+
+    floors: dict[str, float] = {}  # the plain lines' tokens/s, by the line they are the floor of
+    if "plain" in what:  # the floors of the training lines named with it, or of all of them
+        named = what & {"train", "sampled", "classes"} or {"train", "sampled", "classes"}
+        layers = [(f"exact {p}", exact, p) for p in dict.fromkeys(c for c, _ in concrete.values()) if "train" in named]
+        if "sampled" in named and model.output != "energy":  # the energy network's step has no plain loop
+            layers.append(("sampled", sampled, "32-true"))
+        if "classes" in named:  # eq. (1)'s class layer computes in float32 whatever the precision
+            layers.append(("classes", classes, "32-true"))
+        for name, layer_cfg, precision in layers:
+            result, trained = plain_steps(layer_cfg, corpus, precision)
+            floors[name] = result["tokens_per_s"]
+            matmul = rates["bfloat16" if precision.startswith("bf16") else "float32"]
+            emit(f"plain {name}", **result, **ceiling(flops(name.split()[0], trained), result, matmul), **shape)
+
+    def x_plain(result: dict[str, Any], line: str) -> dict[str, float]:
+        """The line's rate against its plain floor, when measured."""
+        return {"x_plain": result["tokens_per_s"] / floors[line]} if line in floors else {}
+
+    module, speeds = None, {}
+    for precision in cfg.bench.precisions if what & {"train", "eval", "mixture", "classes"} else []:
+        resolved, tags = concrete[precision]  # as nplm-train would
+        result, module = train_steps(exact, corpus, resolved)
+        speeds[precision] = result["tokens_per_s"]
+        if "train" in what:
+            chosen = {"resolved": resolved, **{k.removeprefix("precision."): v for k, v in tags.items()}}
+            matmul = rates["bfloat16" if resolved.startswith("bf16") else "float32"]
+            emit(
+                f"train {precision}",
+                **result,
+                **ceiling(train_flops, result, matmul),
+                **x_plain(result, f"exact {resolved}"),
+                **(chosen if precision == "auto" else {}),
+                **shape,
+            )
     if "sampled" in what:
-        result, _ = train_steps(sampled, corpus, "32-true")
+        result, trained = train_steps(sampled, corpus, "32-true")
         speedups = {f"x_{p}": result["tokens_per_s"] / speed for p, speed in speeds.items()}
-        flops = 3 * probe.flops_per_token(drawn.samples + 1)  # the k drawn words (with repeats: at most) and the target
         emit(
             "train sampled",
             **result,
-            **ceiling(flops, result, rates["float32"]),
+            **ceiling(flops("sampled", trained), result, rates["float32"]),
+            **x_plain(result, "sampled"),
             samples=drawn.samples,
             proposal=drawn.proposal,
             estimator=drawn.estimator,
@@ -253,19 +290,18 @@ def bench(cfg: DictConfig) -> None:
     if "profile" in what:
         emit("profile sampled", **profile_steps(sampled, corpus), output=model.output, **shape)
     if "classes" in what:
-        classes = OmegaConf.merge(exact, {"model": {"output": "classes"}})
         for precision in cfg.bench.precisions:
-            concrete = job_precision(precision, cfg.trainer.accelerator, "exact", what_trains)[0]
-            result, trained = train_steps(classes, corpus, concrete)
-            rows = rows_per_token(trained, corpus)
+            resolved = concrete[precision][0]
+            result, trained = train_steps(classes, corpus, resolved)
             emit(
                 f"train classes {precision}",
                 **result,
-                **ceiling(3 * probe.flops_per_token(rows), result, rates["float32"]),  # its small products: float32
-                resolved=concrete,
+                **ceiling(flops("classes", trained), result, rates["float32"]),  # its small products: float32
+                **x_plain(result, "classes"),
+                resolved=resolved,
                 classes=len(trained.classes.size),
                 class_method=classes.model.class_method,
-                rows_per_token=rows,
+                rows_per_token=rows_per_token(trained, corpus),
                 **{f"x_exact_{precision}": result["tokens_per_s"] / speeds[precision]},
                 **shape,
             )

@@ -171,12 +171,17 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         line["what"]: rate["bfloat16" if line.get("resolved", "").startswith("bf16") else "float32"]
         for line in lines[2:]
     }
-    matmul |= {"train bf16-mixed": rate["bfloat16"]}  # its products: bfloat16; a class layer's small ones: float32
+    # their products: bfloat16; a class layer's small ones: float32
+    matmul |= {"train bf16-mixed": rate["bfloat16"], "plain exact bf16-mixed": rate["bfloat16"]}
     matmul |= {line["what"]: rate["float32"] for line in lines if line["what"].startswith("train classes")}
     assert [line["what"] for line in lines] == [
         "matmul float32",
         "matmul bfloat16",
         "train baseline float32",
+        "plain exact 32-true",  # auto resolves to one of these two
+        "plain exact bf16-mixed",
+        "plain sampled",
+        "plain classes",
         "train 32-true",
         "train bf16-mixed",
         "train auto",
@@ -197,7 +202,7 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
         low, high = line[f"{rate}_range"]
         assert 0 < low <= line[rate] <= high, line
         assert line["repeats"] == 3 and line["seconds"] >= 3 * 0.01 and line.get("steps", line.get("passes")) >= 3
-        if line["what"].startswith(("train", "eval")):  # how far from the limit: FLOPs, their rate, its share
+        if line["what"].startswith(("train", "plain", "eval")):  # how far from the limit: FLOPs, their rate, its share
             assert line["achieved_gflops"] == pytest.approx(
                 line["tokens_per_s"] * line["flops_per_token"] / 1e9, rel=1e-3, abs=1e-3
             )
@@ -206,11 +211,22 @@ def test_bench_prints_one_json_object_per_measurement(brown_path: Path, tmp_path
                 < line["share_of_matmul"]
                 == pytest.approx(line["achieved_gflops"] / matmul[line["what"]], rel=1e-3, abs=1e-3)
             )
-    auto, sampled = lines[5], lines[6]
+    named = {line["what"]: line for line in lines}
+    auto, sampled = named["train auto"], named["train sampled"]
     assert auto["resolved"] in ("32-true", "bf16-mixed") and auto["auto"].startswith(auto["resolved"])
     assert (sampled["samples"], sampled["proposal"], sampled["x_32-true"] > 0) == (500, "bigram", True)
-    for classes, exact in zip(lines[7:10], lines[3:6], strict=True):  # each against the exact line of its precision
-        precision = exact["what"].removeprefix("train ")
+    floors = {
+        f"train {p}": f"plain exact {named[f'train {p}'].get('resolved', p)}" for p in ("32-true", "bf16-mixed", "auto")
+    }
+    floors |= {"train sampled": "plain sampled"} | {
+        f"train classes {p}": "plain classes" for p in ("32-true", "bf16-mixed", "auto")
+    }
+    for line, floor in floors.items():  # each training line against its floor, the plain loop of the same arithmetic
+        assert named[line]["x_plain"] == pytest.approx(
+            named[line]["tokens_per_s"] / named[floor]["tokens_per_s"], abs=0.01
+        )
+    for precision in ("32-true", "bf16-mixed", "auto"):  # each class line against the exact line of its precision
+        classes, exact = named[f"train classes {precision}"], named[f"train {precision}"]
         assert classes[f"x_exact_{precision}"] == pytest.approx(
             classes["tokens_per_s"] / exact["tokens_per_s"], abs=0.01
         )

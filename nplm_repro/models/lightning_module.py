@@ -34,7 +34,8 @@ from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.outputs import Head
-from nplm_repro.models.sampled_loss import SparseSGD
+from nplm_repro.models.plain_loop import ExactLoop, SampledLoop
+from nplm_repro.models.sampled_loss import Proposal, SparseSGD
 from nplm_repro.models.schedules import schedules
 from nplm_repro.models.training import ProgressBar  # noqa: F401 (stored runs' callbacks name it by this path)
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
@@ -45,7 +46,7 @@ OUTPUTS = ("standard", "energy", "classes")  # model.output: eq. (1)'s softmax, 
 class NPLMModule(LanguageModule):
     family = "mlp"
     label = "MLP"
-    bench_lines = (*LanguageModule.bench_lines, "baseline", "mixture")
+    bench_lines = (*LanguageModule.bench_lines, "baseline", "plain", "mixture")
 
     @classmethod
     def kind(cls, cfg: Any) -> str:
@@ -205,6 +206,17 @@ class NPLMModule(LanguageModule):
             return None
         rows = batches.rows.cpu()
         return rows[:, -2], rows[:, -1]
+
+    def plain_loop(self, precision: str, batches: WindowBatches) -> SampledLoop | ExactLoop:
+        """This module's training step on `batches` as the simplest loop that computes the same (models/plain_loop.py):
+        nplm-bench's floor. Eq. (1)'s own output layer only: the energy network's step is its own."""
+        if self.output == "energy":
+            raise ValueError("the plain loop computes eq. (1)'s output layer; the energy network has none")
+        if self.optim.get("output", "exact") == "sampled":
+            pairs = self.proposal_pairs(batches)
+            proposal = Proposal(*pairs, self.model.C.shape[0], self.optim["proposal"]).to(self.device)
+            return SampledLoop(self.model, proposal, self.optim)
+        return ExactLoop(self.model, self.classes, self.optim, precision)
 
     def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
         o = self.optim

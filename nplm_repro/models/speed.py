@@ -1,5 +1,5 @@
 """How fast a trained family computes on this machine: nplm-bench's timed measurements of its module (the matmul
-ceilings, eq. (1)'s plain PyTorch baseline, training steps in a real Trainer, their profile, the class layer's rows
+ceilings, eq. (1)'s plain PyTorch baseline and its steps as the simplest loop, training steps in a real Trainer, their profile, the class layer's rows
 and the exact validation; bench.py's doc says what each of its lines is), on the device `trainer.accelerator` takes.
 """
 
@@ -108,6 +108,25 @@ def baseline(cfg: DictConfig, corpus: Corpus) -> dict[str, Any]:
             if done:
                 break
     return clock.report("steps")
+
+
+def plain_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], LanguageModule]:
+    """Training tokens/s of the family's step as the simplest loop that computes the same (its `plain_loop`: no
+    Lightning, no optimiser object), on the MLP's device, over the same shuffled batches, after the warm-up."""
+    module = build_module(cfg, corpus).to(device_of(cfg))
+    batches = module.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
+    loop = module.plain_loop(precision, batches)
+    batches.to(module.device)
+    clock, done, epoch = step_clock(cfg, cfg.bench.warmup), False, 0
+    while not done:  # as many epochs as the rounds take
+        batches.set_epoch(epoch)
+        epoch += 1
+        clock.resume()
+        for context, target in batches:
+            loop.step(context, target)
+            if done := clock.tick(len(target)):
+                break
+    return clock.report("steps"), module
 
 
 class _StepClock(Callback):
