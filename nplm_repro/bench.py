@@ -75,6 +75,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.language_module import LanguageModule
+from nplm_repro.models.outputs import TRAININGS, output_of, training_of
 from nplm_repro.models.precision import PRECISIONS, job_precision
 from nplm_repro.models.speed import (
     baseline,
@@ -199,7 +200,8 @@ def bench(cfg: DictConfig) -> None:
     what, corpus = set(cfg.bench.what), load_corpus(cfg.data)
     check_sizes(cfg, corpus.sizes())  # the values against the corpus read, as nplm-train checks them
     what_trains = family(cfg)  # auto: bf16-mixed only for a family shown neutral to it (models/precision.py NEUTRAL)
-    cfg.trainer.precision = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, "exact", what_trains)[0]
+    exactly = TRAININGS["exact"]  # the train lines' training (below)
+    cfg.trainer.precision = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, exactly, what_trains)[0]
     log.info("measuring %s", OmegaConf.to_container(cfg.bench, resolve=True))
     L.seed_everything(cfg.seed, verbose=False)
     if what == {"ngram"}:  # no trained family to build
@@ -225,10 +227,10 @@ def bench(cfg: DictConfig) -> None:
         result = baseline(cfg, corpus)
         emit("train baseline float32", **result, **ceiling(train_flops, result, rates["float32"]), **shape)
     keep_freed_memory()  # after the baseline, which runs as a straightforward script would
-    concrete = {p: job_precision(p, cfg.trainer.accelerator, "exact", what_trains) for p in cfg.bench.precisions}
+    concrete = {p: job_precision(p, cfg.trainer.accelerator, exactly, what_trains) for p in cfg.bench.precisions}
     # sampled: the command's own sampling keys, or optim=sampled's, over the family's recipe; float32
-    drawn = cfg.optim if cfg.optim.output == "sampled" else hydra.compose("config", ["optim=sampled"]).optim
-    model = exact.model if cfg.model.output == "classes" else cfg.model  # energy trains sampled too; classes not
+    drawn = cfg.optim if training_of(cfg.optim).sampled else hydra.compose("config", ["optim=sampled"]).optim
+    model = cfg.model if output_of(cfg.model).trains_sampled else exact.model  # energy trains sampled; classes not
     sampled = OmegaConf.merge(cfg, {"optim": {k: drawn[k] for k in SAMPLING_KEYS}, "model": model})
     classes = OmegaConf.merge(exact, {"model": {"output": "classes"}})
 
@@ -242,7 +244,7 @@ def bench(cfg: DictConfig) -> None:
     if "plain" in what:  # the floors of the training lines named with it, or of all of them
         named = what & {"train", "sampled", "classes"} or {"train", "sampled", "classes"}
         layers = [(f"exact {p}", exact, p) for p in dict.fromkeys(c for c, _ in concrete.values()) if "train" in named]
-        if "sampled" in named and model.output != "energy":  # the energy network's step has no plain loop
+        if "sampled" in named and output_of(model).plain_loop:  # the energy network's step has none
             layers.append(("sampled", sampled, "32-true"))
         if "classes" in named:  # eq. (1)'s class layer computes in float32 whatever the precision
             layers.append(("classes", classes, "32-true"))

@@ -22,6 +22,7 @@ from nplm_repro.models.classes import ClassOutput
 from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.lightning_module import LanguageModule, NPLMModule
 from nplm_repro.models.nplm import NPLM
+from nplm_repro.models.outputs import TRAININGS, output_of, outputs_for, training_of
 from nplm_repro.models.sampled_loss import Proposal, draw, sampled_cross_entropy
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.tracking import ledger
@@ -150,6 +151,18 @@ def test_the_new_knobs_leave_every_eq1_runs_key_as_it_was() -> None:
     )
 
 
+def test_each_outputs_key_is_read_in_one_place_that_says_what_its_value_is() -> None:
+    """models/outputs.py's words: a family's rule lists the outputs it builds, a config from before a key existed
+    reads as the softmax trained exactly, and each output and training says what the code around it asks."""
+    assert outputs_for("mlp") == ("standard", "energy", "classes") and outputs_for("lstm") == ("standard", "classes")
+    assert output_of({}) is output_of({"output": "standard"}) and training_of({}) is TRAININGS["exact"]
+    energy, classes = output_of({"output": "energy"}), output_of({"output": "classes"})
+    assert energy.trains_sampled and energy.own_scores and not energy.plain_loop and not energy.scores_train
+    assert not classes.trains_sampled and classes.word_classes and not classes.own_scores
+    assert TRAININGS["sampled"].sampled and TRAININGS["sampled"].precision == "32-true"
+    assert not TRAININGS["exact"].sampled and TRAININGS["exact"].precision is None
+
+
 @pytest.mark.parametrize(
     ("overrides", "error"),
     [
@@ -218,8 +231,8 @@ def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[s
     uri, run_id = row
     output = mlflow.MlflowClient(uri).get_run(run_id).data.params["model.output"]
     module = scored_again(uri, run_id)
-    assert output in OUTPUTS and isinstance(module, NPLMModule) and module.output == output
-    assert (module.classes is not None) == (module.layer.name == "word classes") == (module.output == "classes")
+    assert output in OUTPUTS and isinstance(module, NPLMModule) and module.output.name == output
+    assert (module.classes is not None) == (module.layer.name == "word classes") == module.output.word_classes
 
 
 def test_nplm_ask_continues_a_prompt_with_it(row: tuple[str, str], ask, tmp_path: Path) -> None:

@@ -12,9 +12,12 @@ from omegaconf import DictConfig
 
 from nplm_repro.data.load import load_corpus
 from nplm_repro.models import precision
+from nplm_repro.models.outputs import TRAININGS
 from nplm_repro.models.precision import MARGIN, job_precision, resolve, training_step_gflops
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.keys import config_key
+
+EXACT, SAMPLED = TRAININGS["exact"], TRAININGS["sampled"]
 
 
 @pytest.fixture
@@ -35,11 +38,11 @@ def test_a_job_computes_in_the_resolved_precision_sampled_in_float32_a_count_in_
     exact model of a family shown neutral to bfloat16 in what auto resolves to, with the probe's tags; a counted
     n-gram 32-true on every CPU, untagged, as it computes in none."""
     monkeypatch.setattr(precision, "NEUTRAL", {"mlp": "holds"})
-    assert job_precision("auto", "cpu", "sampled", "mlp") == ("32-true", {}) and not cache.exists()
-    chosen, tags = job_precision("auto", "cpu", "exact", "mlp")
+    assert job_precision("auto", "cpu", SAMPLED, "mlp") == ("32-true", {}) and not cache.exists()
+    chosen, tags = job_precision("auto", "cpu", EXACT, "mlp")
     assert chosen in ("32-true", "bf16-mixed") and tags["precision.auto"].startswith(chosen)
     assert job_precision("auto", "cpu", None, "kneser_ney") == ("32-true", {})
-    assert job_precision("bf16-mixed", "cpu", "exact", "lstm") == ("bf16-mixed", {})
+    assert job_precision("bf16-mixed", "cpu", EXACT, "lstm") == ("bf16-mixed", {})
     assert job_precision("bf16-mixed", "cpu", None, "kneser_ney") == ("bf16-mixed", {})
 
 
@@ -48,12 +51,12 @@ def test_auto_trains_a_family_not_shown_neutral_to_bfloat16_in_float32_unprobed(
     """No family's precision claim holds yet (reports/brown_precision.md): auto gives 32-true without probing, on any
     CPU, and its tag says why; an explicit bf16-mixed is still the user's to ask for."""
     assert family not in precision.NEUTRAL
-    chosen, tags = job_precision("auto", "cpu", "exact", family)
+    chosen, tags = job_precision("auto", "cpu", EXACT, family)
     assert chosen == "32-true" and not cache.exists()
     assert tags["precision.auto"] == (
         f"32-true: bf16-mixed is not shown to leave {family}'s perplexity unchanged (reports/brown_precision.md)"
     )
-    assert precision.choices("auto", "exact", family) == ("32-true",)
+    assert precision.choices("auto", EXACT, family) == ("32-true",)
 
 
 def test_auto_picks_the_faster_measured_dtype_and_caches_it(cache: Path) -> None:

@@ -32,7 +32,17 @@ from nplm_repro.data.windows import WindowBatches
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Family, Job, Recorded, Tokens
 from nplm_repro.models.classes import ClassOutput
-from nplm_repro.models.outputs import Head, OutputLayer, Softmax, choose
+from nplm_repro.models.outputs import (
+    OUTPUTS,
+    TRAININGS,
+    Head,
+    Output,
+    OutputLayer,
+    Softmax,
+    choose,
+    output_of,
+    training_of,
+)
 from nplm_repro.models.precision import PRECISIONS
 from nplm_repro.models.sampled_loss import ESTIMATORS, PROPOSALS, Proposal, SparseSGD
 from nplm_repro.models.training import score_splits, train_neural
@@ -44,7 +54,7 @@ TRAINING: dict[str, Rule] = {
     "optim.lr": number(0, low_open=True),
     "optim.weight_decay": number(0),
     "optim.batch_size": at_least(1),
-    "optim.output": one_of("exact", "sampled"),
+    "optim.output": one_of(*TRAININGS),
     "optim.plateau_factor": optional(number(0, 1, low_open=True, high_open=True)),
     "trainer.precision": one_of("auto", *PRECISIONS),  # bf16-mixed: products in bfloat16, eval float32
     # 0 would train nothing and score the initial weights as if they were a model; -1 is Lightning's "no limit"
@@ -98,7 +108,7 @@ class LanguageModule(L.LightningModule, Family):
     optim: dict[str, Any]
     _slots: list[int] | None = None
     _resumed_rng: dict[str, Any] | None = None  # the generators' states a checkpoint brought, until training starts
-    output = "standard"  # model.output: the distribution it gives (models/outputs.py)
+    output: Output = OUTPUTS["standard"]  # model.output: the distribution it gives (models/outputs.py)
     classes: ClassOutput | None  # model.output=classes: the class layer (its weights, its words' classes)
     proposal: Proposal | None = None  # sampled training's, counted on the training split when training starts
     layer: OutputLayer = Softmax()  # the output layer (`choose`): exact until training picks the run's own
@@ -116,26 +126,26 @@ class LanguageModule(L.LightningModule, Family):
     def rules(cls, cfg: Any) -> dict[str, Rule]:
         """The values of the keys this family reads that make sense (config_checks.check_config applies them)."""
         rules = dict(TRAINING)
-        if cfg.model.get("output") == "classes":  # a family without the class keys needs none of them otherwise
+        if output_of(cfg.model).word_classes:  # a family without the class keys needs none of them otherwise
             rules |= OUTPUT
-        if cfg.optim.get("output") == "sampled":
+        if training_of(cfg.optim).sampled:
             rules |= SAMPLED
         return rules
 
     @classmethod
     def check(cls, cfg: Any) -> None:
         """What its values must satisfy together, beyond each key's rule: raise NplmError in one line."""
-        if cfg.model.get("output") == "classes" and cfg.optim.get("output") == "sampled":
-            raise NplmError(
-                "model.output=classes trains exactly (optim=fast or paper): its point is an exact softmax that "
-                "costs |classes| + |class size| rows, not a sampled one"
-            )
+        output = output_of(cfg.model)
+        if not output.trains_sampled and training_of(cfg.optim).sampled:
+            raise NplmError(f"model.output={output.name} trains exactly (optim=fast or paper): {output.exact_only}")
+        if output.needs and not output.needs[0](cfg.model):
+            raise NplmError(f"model.output={output.name} needs {output.needs[1]}")
 
     @classmethod
     def check_sizes(cls, cfg: Any, sizes: Sizes) -> None:
         """model.output=classes puts the training split's words in classes (data/clustering.py): at most one a word."""
         classes = cfg.model.get("classes")
-        if cfg.model.get("output") == "classes" and None not in (classes, sizes.words) and classes > sizes.words:
+        if output_of(cfg.model).word_classes and None not in (classes, sizes.words) and classes > sizes.words:
             raise NplmError(
                 f"model.classes={classes} is more classes than the training split has distinct words "
                 f"({sizes.words:,}): expected an integer from 2 to {sizes.words:,}"
@@ -202,9 +212,7 @@ class LanguageModule(L.LightningModule, Family):
     def on_train_start(self) -> None:
         """The run's output layer, now that the precision is resolved; sampled training's proposal first, counted on
         the training batches (each target, the word before it)."""
-        if self.optim.get("output", "exact") == "sampled" and (
-            pairs := self.proposal_pairs(self.trainer.train_dataloader)
-        ):
+        if training_of(self.optim).sampled and (pairs := self.proposal_pairs(self.trainer.train_dataloader)):
             vocab = len(self.word_features())  # a row of input features a word
             self.proposal = Proposal(*pairs, vocab, self.optim["proposal"]).to(self.device)
         self.layer = choose(self.classes, self.optim, self.trainer.precision, self.proposal, self._settle)
@@ -215,8 +223,8 @@ class LanguageModule(L.LightningModule, Family):
         """model.output=classes: the class layer over outputs of `widths`, of `classes` classes, `word_classes` (the
         builder's `word_classes`; a checkpoint restores them without). The exact output layer until training picks
         the run's own (`on_train_start`)."""
-        self.output = output
-        if output == "classes":
+        self.output = OUTPUTS[output]
+        if self.output.word_classes:
             self.classes = ClassOutput(vocab_size, classes or class_count(vocab_size), widths, word_classes)
         self.layer = choose(self.classes, {}, "32-true", None, self._settle)
 
@@ -359,7 +367,7 @@ def word_classes(model: Any, corpus: Corpus) -> dict[str, Any]:
     """model.output=classes: the class of every word, by model.class_method on `corpus`'s training split
     (data/clustering.py), and how many classes that made (frequency bins may fill fewer): the constructor's
     `word_classes` and `classes`. Nothing for another output."""
-    if model.get("output", "standard") != "classes":
+    if not output_of(model).word_classes:
         return {}
     count = model.get("classes") or class_count(corpus.vocab_size)
     found = torch.from_numpy(output_classes(corpus, count, model.get("class_method", "exchange")))

@@ -29,18 +29,15 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Recorded, Tokens
-from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.nplm import NPLM
-from nplm_repro.models.outputs import Head
+from nplm_repro.models.outputs import OUTPUTS, Head, outputs_for, training_of
 from nplm_repro.models.plain_loop import ExactLoop, SampledLoop
 from nplm_repro.models.sampled_loss import Proposal, SparseSGD
 from nplm_repro.models.schedules import schedules
 from nplm_repro.models.training import ProgressBar  # noqa: F401 (stored runs' callbacks name it by this path)
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
-
-OUTPUTS = ("standard", "energy", "classes")  # model.output: eq. (1)'s softmax, §5.1's energy network, §5.2's classes
 
 
 class NPLMModule(LanguageModule):
@@ -68,7 +65,7 @@ class NPLMModule(LanguageModule):
             "model.h": at_least(0),
             "model.direct": flag(),
             "model.features": one_of(*FEATURES),
-            "model.output": one_of(*OUTPUTS),
+            "model.output": one_of(*outputs_for(cls.family)),  # eq. (1)'s softmax, §5.1's energy network, classes
             "optim.recipe": one_of("paper", "fast"),
             # the recipes' rate schedules, each on when set (`schedules`); torch drops only by a factor < 1
             "optim.decay_rate": optional(number(0)),
@@ -86,9 +83,6 @@ class NPLMModule(LanguageModule):
             raise NplmError(
                 "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
             )
-        output = cfg.model.get("output", "standard")
-        if output == "energy" and cfg.model.h == 0:
-            raise NplmError("model.output=energy needs model.h >= 1 (its energy is v . tanh(d + Hx))")
         o = cfg.optim
         if o.get("anneal_to_time"):
             raise NplmError(
@@ -96,7 +90,7 @@ class NPLMModule(LanguageModule):
                 "recipes have no cosine to end at trainer.max_time"
             )
         # SparseSGD keeps the log of each step's decay factor, 1 - lr x batch_size x weight_decay (one device)
-        if o.get("output") == "sampled" and o.lr * o.batch_size * o.weight_decay >= 1:
+        if training_of(o).sampled and o.lr * o.batch_size * o.weight_decay >= 1:
             raise NplmError(
                 f"optim.lr={o.lr} x optim.batch_size={o.batch_size} x optim.weight_decay={o.weight_decay} = "
                 f"{o.lr * o.batch_size * o.weight_decay:.3g}: sampled training decays the weights by 1 - that "
@@ -120,18 +114,18 @@ class NPLMModule(LanguageModule):
     ) -> None:
         """`features`: C learned with the rest, or frozen (models/features.py) at `lsi` (fixed_lsi, computed from
         the training split by the caller; a checkpoint restores it without) or at its random start (fixed_random).
-        `output` (OUTPUTS): eq. (1)'s softmax over V, the energy network of §5.1 (models/energy.py), or eq. (1)
-        with a word-class output layer (models/classes.py) of `classes` classes, `word_classes` (computed by the
-        caller by `class_method`; a checkpoint restores them without)."""
+        `output` (models/outputs.py OUTPUTS): eq. (1)'s softmax over V, the energy network of §5.1 (its own network,
+        models/energy.py), or eq. (1) with a word-class output layer (models/classes.py) of `classes` classes,
+        `word_classes` (computed by the caller by `class_method`; a checkpoint restores them without)."""
         super().__init__()
         # kept for load_from_checkpoint (the state dict holds C and the word classes); the run logs the config itself
         self.save_hyperparameters(ignore=["lsi", "word_classes"], logger=False)
-        self.model = (EnergyNPLM if output == "energy" else NPLM)(vocab_size, n, m, h, direct)
-        if output == "energy":  # its exact scores cost |V| x h tanh per token: train's 800,000 would take as long as
-            self.evaluated = ("valid", "test")  # the rest of the run, and no report needs them
+        chosen = OUTPUTS[output]  # its network first: the random draws of a seed's weights come in this order
+        self.model = (chosen.network or NPLM)(vocab_size, n, m, h, direct)
+        if not chosen.scores_train:
+            self.evaluated = ("valid", "test")
         widths = [(n - 1) * m] * direct + [h] * bool(h)  # NPLM.output_terms: (x, W), (tanh(d + Hx), U)
         self._output_layer(vocab_size, output, classes, widths, word_classes)
-        self._own_outputs = output == "energy"  # its y is no sum of products: it gives its logits and sampled outputs
         if lsi is not None:
             self.model.C.data.copy_(lsi)
         self.model.C.requires_grad_(features == "learned")
@@ -183,9 +177,10 @@ class NPLMModule(LanguageModule):
         return 2.0 * ((model.n - 1) * model.m * model.h + self.output_width * rows)
 
     def head(self, batch: tuple[torch.Tensor, torch.Tensor | None], training: bool) -> Head:
-        """Eq. (1)'s output terms (x, W), (tanh(d + Hx), U), or the energy network's own logits and sampled outputs."""
+        """Eq. (1)'s output terms (x, W), (tanh(d + Hx), U), or the own logits and sampled outputs of an output's own
+        network (the energy network's), whose y is no sum of products."""
         context, target = batch
-        model, own = self.model, self._own_outputs
+        model, own = self.model, self.output.own_scores
         return Head(
             target,
             model.b,
@@ -210,9 +205,11 @@ class NPLMModule(LanguageModule):
     def plain_loop(self, precision: str, batches: WindowBatches) -> SampledLoop | ExactLoop:
         """This module's training step on `batches` as the simplest loop that computes the same (models/plain_loop.py):
         nplm-bench's floor. Eq. (1)'s own output layer only: the energy network's step is its own."""
-        if self.output == "energy":
-            raise ValueError("the plain loop computes eq. (1)'s output layer; the energy network has none")
-        if self.optim.get("output", "exact") == "sampled":
+        if not self.output.plain_loop:
+            raise ValueError(
+                f"the plain loop computes eq. (1)'s output layer; model.output={self.output.name} has none"
+            )
+        if training_of(self.optim).sampled:
             pairs = self.proposal_pairs(batches)
             proposal = Proposal(*pairs, self.model.C.shape[0], self.optim["proposal"]).to(self.device)
             return SampledLoop(self.model, proposal, self.optim)
@@ -227,7 +224,7 @@ class NPLMModule(LanguageModule):
         ]
         batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
         # lr is per training word (module doc); fused: decay and step in one pass over each weight, not three
-        if o.get("output", "exact") == "sampled":  # sparse gradients: the same update, on the sampled rows only
+        if training_of(o).sampled:  # sparse gradients: the same update, on the sampled rows only
             # the word rows' decay waits until a step reads the row (SparseSGD)
             optimizer = SparseSGD(groups, lr=o["lr"] * batch, lazy=self.model.word_rows())
         else:

@@ -18,6 +18,9 @@ Four layers, one chosen per run by `choose` from the config and the precision th
 | `Classes` | classes | exact | a word-class softmax, a token's class's rows only (classes.py), in float32 |
 
 The three softmax layers share the exact distribution; `Classes` is its own (P(class) P(word | class)), exact too.
+
+This module owns the two keys' words too, so that nothing else compares their strings: `OUTPUTS`, what each value of
+`model.output` is (`output_of` reads it), and `TRAININGS`, what each value of `optim.output` is (`training_of`).
 """
 
 from __future__ import annotations
@@ -28,11 +31,110 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.classes import ClassOutput, Terms
+from nplm_repro.models.energy import EnergyNPLM
 from nplm_repro.models.sampled_loss import Outputs, Proposal, draw, layer_outputs, sampled_cross_entropy
+from nplm_repro.rules import Rule
+
+
+@dataclass(frozen=True)
+class Output:
+    """A value of `model.output`: the distribution a model gives, and what the code around a model asks of it, so that
+    no caller tests the name. `families`: the families that build it (None: every trained family); `network`: the
+    network that computes it in place of the family's own (eq. (1)'s arguments), whose y is no sum of products and
+    which gives its own logits and sampled outputs; `needs`: what the rest of `model` must satisfy (the rule's test
+    of `model`, and what it expects); `exact_only`: why it trains exactly only (None: it trains sampled too);
+    `word_classes`: a word-class layer (models/classes.py), its class keys and classes from the training split;
+    `plain_loop`: nplm-bench's plain loop (models/plain_loop.py) computes its step; `scores_train`: a run scores the
+    training split too (a slow scorer leaves it out: no report needs it)."""
+
+    name: str
+    families: tuple[str, ...] | None = None
+    network: type[nn.Module] | None = None
+    needs: Rule | None = None
+    exact_only: str | None = None
+    word_classes: bool = False
+    plain_loop: bool = True
+    scores_train: bool = True
+
+    @property
+    def trains_sampled(self) -> bool:
+        """Whether `optim.output=sampled` may train it."""
+        return self.exact_only is None
+
+    @property
+    def own_scores(self) -> bool:
+        """Whether its network gives its own logits and sampled outputs (its y is no sum of products)."""
+        return self.network is not None
+
+    def allows(self, family: str) -> bool:
+        """Whether `family` (a Family's `family`) builds this output."""
+        return self.families is None or family in self.families
+
+
+OUTPUTS: dict[str, Output] = {
+    o.name: o
+    for o in (
+        Output("standard"),  # eq. (1)'s softmax over V, or a sequence model's over its hidden vectors
+        Output(  # §5.1: the output word a feature vector too (models/energy.py); eq. (1)'s feed-forward network only
+            "energy",
+            families=("mlp",),
+            network=EnergyNPLM,
+            needs=(lambda model: model.h >= 1, "model.h >= 1 (its energy is v . tanh(d + Hx))"),
+            plain_loop=False,  # its step is its own network's, no output layer of eq. (1)
+            scores_train=False,  # |V| x h tanh a token: train's 800,000 would take as long as the rest of the run
+        ),
+        Output(  # §5.2: a word-class softmax (models/classes.py)
+            "classes",
+            exact_only="its point is an exact softmax that costs |classes| + |class size| rows, not a sampled one",
+            word_classes=True,
+        ),
+    )
+}
+
+
+def outputs_for(family: str) -> tuple[str, ...]:
+    """The values of `model.output` that `family` builds, in OUTPUTS's order (its rule's words)."""
+    return tuple(name for name, output in OUTPUTS.items() if output.allows(family))
+
+
+def output_of(model: Any) -> Output:
+    """What `model.output` of a model config (or a module's arguments) is. Absent: the softmax, as every run before
+    the key was. A value no output has reads as the softmax too: its rule (`model.output`) refuses it, and the rules
+    are gathered before any value is checked."""
+    return OUTPUTS.get(model.get("output", "standard"), OUTPUTS["standard"])
+
+
+@dataclass(frozen=True)
+class Training:
+    """A value of `optim.output`: how training computes the output layer's gradient. `sampled`: estimated from words
+    drawn from a proposal (sampled_loss.py), with sparse updates (SparseSGD) and its own keys (optim.samples,
+    optim.proposal, optim.estimator); `precision`: the precision it computes in whatever `trainer.precision` says
+    (None: the one the trainer resolves)."""
+
+    name: str
+    sampled: bool = False
+    precision: str | None = None
+
+
+TRAININGS: dict[str, Training] = {
+    t.name: t
+    for t in (
+        Training("exact"),  # the softmax's whole gradient, in the run's precision
+        Training("sampled", sampled=True, precision="32-true"),  # its products are B x k: bfloat16 would not pay
+    )
+}
+
+
+def training_of(optim: Any) -> Training:
+    """What `optim.output` of an optim config (or a module's `optim`) is. Absent: exact, as every run and checkpoint
+    before sampled training was. A value no training has reads as exact too: its rule (`optim.output`) refuses it,
+    and the rules are gathered before any value is checked."""
+    return TRAININGS.get(optim.get("output", "exact"), TRAININGS["exact"])
 
 
 @dataclass
@@ -154,11 +256,10 @@ def choose(
     settle: Callable[[torch.Tensor], None],
 ) -> OutputLayer:
     """The layer a run trains with (the module's table): its classes if it has them, else the softmax, sampled
-    (`optim.output`), in bfloat16 (`precision` bf16-mixed) or float32. Checkpoints from before sampled training have
-    no `optim.output`."""
+    (`optim.output`, `training_of`), in bfloat16 (`precision` bf16-mixed) or float32."""
     if classes is not None:
         return Classes(classes)
-    if optim.get("output", "exact") == "sampled":
+    if training_of(optim).sampled:
         if proposal is None:
             raise ValueError("sampled training needs its proposal (counted when training starts)")
         return SampledSoftmax(proposal, optim["samples"], optim["estimator"], settle)

@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from nplm_repro.cache import cache_root
 from nplm_repro.errors import NplmError
 from nplm_repro.machine import cpuinfo
+from nplm_repro.models.outputs import Training
 
 log = logging.getLogger(__name__)
 
@@ -199,31 +200,36 @@ def resolve(precision: str, accelerator: str = "auto") -> tuple[str, dict[str, s
     return chosen, tags | {"precision.auto": why}
 
 
-def choices(precision: str, output: str | None, family: str | None = None) -> tuple[str, ...]:
+def choices(precision: str, training: Training | None, family: str | None = None) -> tuple[str, ...]:
     """The precisions a job may compute in before the probe has spoken: both for `auto` on a family it may train in
-    bf16-mixed (NEUTRAL: its run may already have resolved it, which the ledger reads from the run) and on a counted
-    model (a store may hold its run under the precision the probe gave before), else the one `job_precision` gives."""
-    if precision == "auto" and output != "sampled" and (output is None or family in NEUTRAL):
+    bf16-mixed (NEUTRAL: its run may already have resolved it, which the ledger reads from the run) unless its
+    `training` computes in a precision of its own, and on a counted model (`training` None: a store may hold its run
+    under the precision the probe gave before), else the one `job_precision` gives."""
+    forced = training.precision if training is not None else None
+    if precision == "auto" and forced is None and (training is None or family in NEUTRAL):
         return PRECISIONS
-    return ("32-true",) if output == "sampled" or precision == "auto" else (precision,)
+    return (forced or "32-true",) if forced or precision == "auto" else (precision,)
 
 
 def job_precision(
-    precision: str, accelerator: str, output: str | None, family: str | None = None
+    precision: str, accelerator: str, training: Training | None, family: str | None = None
 ) -> tuple[str, dict[str, str]]:
     """The concrete precision a job computes in, and the tags its run keeps (`resolve`'s), for a job of `family`
-    whose model trains with `output` (optim.output: exact or sampled), or is counted (None, an n-gram).
+    whose model trains as `training` says (optim.output, models/outputs.py `training_of`), or is counted (None, an
+    n-gram).
 
-    Sampled training computes in float32 whatever the config says (it allows auto or 32-true: bf16-mixed would be
-    recorded but not used). Under `auto` a trained family not shown neutral to bfloat16 (NEUTRAL) trains in 32-true,
-    unprobed, and its tag says why. A counted model computes in no precision: under `auto` its key says 32-true on
-    every CPU (a run a store keyed bf16-mixed before is still found: `choices`), and it keeps no tags.
+    A training with a precision of its own computes in it whatever the config says (sampled training in float32: it
+    allows auto or 32-true, bf16-mixed would be recorded but not used). Under `auto` a trained family not shown neutral
+    to bfloat16 (NEUTRAL) trains in 32-true, unprobed, and its tag says why. A counted model computes in no precision:
+    under `auto` its key says 32-true on every CPU (a run a store keyed bf16-mixed before is still found: `choices`),
+    and it keeps no tags.
     """
-    if output == "sampled" or (precision == "auto" and output is None):
-        return "32-true", {}
+    forced = training.precision if training is not None else None
+    if forced or (precision == "auto" and training is None):
+        return forced or "32-true", {}
     if precision == "auto" and family not in NEUTRAL:
         why = f"32-true: bf16-mixed is not shown to leave {family}'s perplexity unchanged ({STUDY})"
         log.info("precision=auto -> %s", why)
         return "32-true", {"precision.auto": why}
     chosen, tags = resolve(precision, accelerator)
-    return chosen, tags if output is not None else {}
+    return chosen, tags if training is not None else {}

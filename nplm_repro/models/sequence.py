@@ -34,12 +34,11 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
 from nplm_repro.errors import NplmError
 from nplm_repro.models.language_module import LanguageModule, word_classes
-from nplm_repro.models.outputs import Head
+from nplm_repro.models.outputs import Head, outputs_for
 from nplm_repro.models.schedules import cosine, schedules, to_time_budget
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 RECIPES = ("sgd", "adamw")
-OUTPUTS = ("standard", "classes")  # model.output: the softmax over V, or §5.2's word classes (models/classes.py)
 
 
 class SequenceModule(LanguageModule):
@@ -63,7 +62,7 @@ class SequenceModule(LanguageModule):
             "model.layers": at_least(1),
             "model.dropout": number(0, 1, high_open=True),
             "model.tie": flag(),
-            "model.output": one_of(*OUTPUTS),
+            "model.output": one_of(*outputs_for(cls.family)),  # the softmax over V, or §5.2's word classes
         }
 
     @classmethod

@@ -33,6 +33,7 @@ from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
 from nplm_repro.models.language_module import DIVERGED
+from nplm_repro.models.outputs import Training, training_of
 from nplm_repro.models.precision import choices, job_precision
 from nplm_repro.models.training import best_checkpoint
 from nplm_repro.progress import report_status
@@ -159,9 +160,9 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     # auto becomes a concrete precision before the config is keyed (the key says what computed): the one a run of
     # this config already resolved, else what this machine runs faster (`settle_precision`)
     own = trains(cfg)
-    output = cfg.optim.output if own else None
+    training = training_of(cfg.optim) if own else None
     variants = {}
-    for precision in choices(cfg.trainer.precision, output, family(cfg)):
+    for precision in choices(cfg.trainer.precision, training, family(cfg)):
         variants[precision] = cfg.copy()
         variants[precision].trainer.precision = precision
     keys = {p: config_key(v, corpus.fingerprint, parts) for p, v in variants.items()}
@@ -171,7 +172,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
             held.enter_context(mlp_lock(mlp))
         for key in sorted(set(keys.values())):
             held.enter_context(config_lock(key))
-        cfg.trainer.precision, precision_tags = settle_precision(cfg, keys, mlps, output)
+        cfg.trainer.precision, precision_tags = settle_precision(cfg, keys, mlps, training)
         key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision)
         for other in set(keys.values()) - {key}:  # a run of this job under the precision it did not take
             end_orphans(uri, experiment, other)
@@ -187,7 +188,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
 
 
 def settle_precision(
-    cfg: DictConfig, keys: dict[str, str], mlps: dict[str, str], output: str | None
+    cfg: DictConfig, keys: dict[str, str], mlps: dict[str, str], training: Training | None
 ) -> tuple[str, dict[str, str]]:
     """The precision this job computes in, and its tags. With `auto`, a run of this job may already have resolved it
     (`keys`, `mlps`: each precision's config_key and model_key): its newest FINISHED run, else its resumable run, else
@@ -211,8 +212,8 @@ def settle_precision(
                 run, precision = max(found, key=lambda pair: pair[0].info.start_time)
                 log.info("precision=auto -> %s, as run %s of this job resolved it", precision, run.info.run_id)
                 tags = {k: v for k, v in run.data.tags.items() if k.startswith("precision.")}
-                return precision, tags if output is not None else {}
-    return job_precision(cfg.trainer.precision, cfg.trainer.accelerator, output, family(cfg))
+                return precision, tags if training is not None else {}
+    return job_precision(cfg.trainer.precision, cfg.trainer.accelerator, training, family(cfg))
 
 
 def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
