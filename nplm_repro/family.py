@@ -7,6 +7,8 @@ A family is one class, the one a config's `model._target_` names. The commands, 
   `trained` (trained by Lightning: weights, a Model, and rows that read the optim and trainer keys);
 - how a row of it gets its scores: `kind(cfg)`, one of KINDS: trained (weights, a Model), counted (an n-gram, no
   weights: its seed changes nothing) or mixed (other runs' kept scores);
+- which finished runs a row of it is made from: `needs(cfg)` (a mixture's components; none for most families), each
+  found by the ledger before the row's key, which holds theirs;
 - what its config must satisfy: `rules(cfg)` (each key's values), `check(cfg)` (the keys together) and
   `check_sizes(cfg, sizes)` (what its values need of the data);
 - `fit_run`: fit a run (train, count or mix) and return its metrics and its kept scores of valid and test;
@@ -21,6 +23,7 @@ run (nplm-score's): this module is a leaf, so the families sit below the trackin
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -44,6 +47,18 @@ class Tokens(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Need:
+    """A finished run a row is made from (`Family.needs`): the newest of row `row` with seed `seed` (any seed, for a
+    counted row) in study `study` (None: runs of no study), on the row's data. `key` is the config key that names
+    it, which the ledger's errors about it cite."""
+
+    row: str
+    seed: int
+    study: str | None
+    key: str
+
+
 class Job(Protocol):
     """What the ledger hands `fit_run`, besides the config, the corpus and the run's logger."""
 
@@ -51,15 +66,15 @@ class Job(Protocol):
         """The last checkpoint of this config's run a kill interrupted, which training continues; else None."""
         ...
 
-    def mix(self, names: list[str], mode: str) -> tuple[dict[str, float], Scores]:
-        """The runs this row mixes (its components, `names`), mixed by their kept scores with weights fitted on
-        validation (`mode`)."""
+    def needed_scores(self) -> list[Scores]:
+        """The kept scores of valid and test of the runs this row needs (its family's `needs`), in their order."""
         ...
 
 
 class Recorded(Protocol):
     """A recorded run rebuilt from what it recorded (tracking/scoring.py `RunScorer`), as `score_run` reads it."""
 
+    run_id: str
     cfg: Any  # its config.yaml
     corpus: Any  # its data, read again and checked against its fingerprint
 
@@ -67,10 +82,17 @@ class Recorded(Protocol):
         """A trained run's best weights."""
         ...
 
-    def mixed(self, tokens: Tokens, names: list[str], mode: str, trigram: bool = False) -> np.ndarray:
-        """ln P of `tokens` by the mixture the run recorded (`Job.mix`), its weights fitted again on validation; with
-        the interpolated trigram as one more component (fitted again, not a run) if `trigram`, as a mixed MLP row
-        stored before mixtures were rows of their own mixed it."""
+    def parts(self) -> list[Recorded]:
+        """The runs it was made from (its tag base_run_id: the runs its family's `needs` found), rebuilt on its data,
+        in their order."""
+        ...
+
+    def logprob(self, tokens: Tokens) -> np.ndarray:
+        """ln P of every token of `tokens`, as its family scores it (`score_run`)."""
+        ...
+
+    def kept_logprob(self, split: str) -> np.ndarray:
+        """ln P of every token of a kept split (valid, test), as the run kept it; scored again if it kept none."""
         ...
 
     def memo(self, key: str, make: Callable[[], T]) -> T:
@@ -90,6 +112,12 @@ class Family:
     def kind(cls, cfg: Any) -> str:
         """trained, counted or mixed (KINDS): how a row of this config gets its scores."""
         return "trained" if cls.trained else "counted"
+
+    @classmethod
+    def needs(cls, cfg: Any) -> list[Need]:
+        """The finished runs a row of this config is made from, which `Job.needed_scores` and `Recorded.parts` give
+        back: none, unless its kind is mixed."""
+        return []
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:

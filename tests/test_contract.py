@@ -21,7 +21,7 @@ from nplm_repro.baselines.ngram import NgramModel
 from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
-from nplm_repro.family import KINDS, Family
+from nplm_repro.family import KINDS, Family, Need
 from nplm_repro.reporting.tables import build
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking import ledger
@@ -40,10 +40,11 @@ SHORT = {
     "lstm": ["model.width=16", "model.layers=1"],
     "transformer": ["model.width=16", "model.layers=1"],
     "class_based": ["model.c=20"],  # at most the tiny training split's distinct words
+    "mixture": ["model.components=['Del. Int.','Kneser-Ney back-off']"],  # its rows: counted, so seconds
 }
 QUICK = ["trainer.max_epochs=1", "trainer.limit_train_batches=4"]
 TRAINED = ("mlp", "lstm", "transformer")  # their runs train: slow tests (tests/test_sequence_runs.py trains them too)
-COMPONENTS = ("del_int", "kn3")  # the rows a mixture mixes here: counted, so seconds
+EXPERIMENTS = {"Del. Int.": "del_int", "Kneser-Ney back-off": "kn3"}  # the experiment of each row a family needs
 
 
 def extending(into: Path) -> Path:
@@ -72,8 +73,6 @@ def job(folder: Path, model: str, *overrides: str) -> DictConfig:
     outside = {TOY: FAMILIES, EXTENDING: folder / "docs_family"}
     found = [f"hydra.searchpath=[file://{outside[model]}]"] if model in outside else []
     short = [*SHORT.get(model, []), *(QUICK if model in TRAINED else [])]
-    if model == "mixture":
-        short = ["model.components=['Del. Int.','Kneser-Ney back-off']"]
     return composed(
         *found,
         f"model={model}",
@@ -87,13 +86,13 @@ def job(folder: Path, model: str, *overrides: str) -> DictConfig:
 
 
 def row_of(folder: Path, model: str) -> DictConfig:
-    """A row of `model`: a mixture first gets its components' runs, which it mixes."""
-    if model != "mixture":
-        return job(folder, model, f"row={model}")
-    for row in COMPONENTS:
-        where = [f"tracking.uri=sqlite:///{folder}/mlflow.db", f"callbacks.model_checkpoint.dirpath={folder}/c"]
-        ledger.run(composed(*TINY, f"experiment={row}", *where))
-    return job(folder, model, "row=mixture")
+    """A row of `model`, after the runs its family needs (`needs`: a mixture's components), each one's experiment run
+    with the seed the need names."""
+    cfg = job(folder, model, f"row={model}")
+    where = [f"tracking.uri=sqlite:///{folder}/mlflow.db", f"callbacks.model_checkpoint.dirpath={folder}/c"]
+    for need in get_class(cfg.model._target_).needs(cfg):
+        ledger.run(composed(*TINY, f"experiment={EXPERIMENTS[need.row]}", f"seed={need.seed}", *where))
+    return cfg
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -103,6 +102,7 @@ def test_a_family_declares_the_contract(store: Path, model: str) -> None:
     assert issubclass(family, Family), f"{family.__name__} does not subclass nplm_repro.family.Family"
     assert family.family and family.label, "a family names itself (family) and says its label"
     assert family.kind(cfg) in KINDS
+    assert all(isinstance(need, Need) for need in family.needs(cfg)), "needs names runs by `Need`s"
     tags = family.tags(cfg)
     assert set(tags) == {"family", "family_kind", "family_label", "family_colour"}
     for duty in ("fit_run", "score_run"):  # its own, or its kind's (a LanguageModule's, an NgramModel's)

@@ -5,17 +5,23 @@ store, composed by Hydra as nplm-train composes them."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlflow
+import numpy as np
 import pytest
 from helpers import TINY_BROWN, composed, data_slice
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
+from nplm_repro.baselines.mixture import StoredMixedRow
+from nplm_repro.baselines.ngram import DeletedInterpolation
+from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.reporting.tables import build, display
 from nplm_repro.studies import checked
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
+from nplm_repro.tracking.scoring import RunScorer, Tokens
 from nplm_repro.tracking.sweep import check_components
 
 TINY = [f"data.path={TINY_BROWN}", *data_slice(7_000, 1_500, 1_500)]
@@ -146,3 +152,28 @@ def test_a_killed_row_reads_killed_in_its_studys_table_not_failed(store: str) ->
     assert status == {"Kneser-Ney back-off": "killed", "Del. Int.": "finished"}
     shown = display(report).set_index(("", "row"))
     assert (shown.loc["Kneser-Ney back-off"] == "killed").any()
+
+
+def test_an_mlp_row_stored_with_model_mix_is_scored_by_the_mixtures_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stored when a mixed row was an MLP's `model.mix` (no longer run, still scored by nplm-score): rebuilt, it
+    is scored by the mixture's module (`StoredMixedRow`), its MLP's run (here uniform) and the interpolated trigram
+    fitted again, 0.5 each."""
+    monkeypatch.setenv("NPLM_CACHE", str(tmp_path / "cache"))
+    cfg = composed(*TINY, "experiment=mlp1")
+    with open_dict(cfg):
+        cfg.model.mix = "fixed"
+    assert RunScorer.family.fget(SimpleNamespace(cfg=cfg)) is StoredMixedRow
+    corpus = load_corpus(cfg.data)
+    uniform = SimpleNamespace(
+        logprob=lambda tokens: np.full(tokens.size, -np.log(corpus.vocab_size), np.float32),
+        kept_logprob=lambda split: np.full(corpus.size(split), -np.log(corpus.vocab_size), np.float32),
+    )
+    made: dict[str, object] = {}
+    run = SimpleNamespace(
+        run_id="0" * 32, cfg=cfg, corpus=corpus, parts=lambda: [uniform], memo=lambda k, f: made.setdefault(k, f())
+    )
+    got = StoredMixedRow.score_run(run, Tokens.of_split(corpus, "test"))
+    trigram = DeletedInterpolation().fit(corpus).token_probs(corpus, "test")
+    np.testing.assert_allclose(np.exp(got), 0.5 / corpus.vocab_size + 0.5 * trigram, rtol=1e-6)

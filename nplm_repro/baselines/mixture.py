@@ -7,8 +7,8 @@ model is run. The weights: `fixed` (equal; the paper's tables mix an MLP and the
 per component, by EM on the validation split) or `context` (one set per context-frequency bin q_t of the
 interpolated trigram, by EM on validation, as the trigram combines its own parts). `Mixture` is the family of
 `model=mixture`, the one engine of every mixed row: the paper's MLP2 ... MLP10 mix an MLP's row and Del. Int.'s.
-A mixed MLP row stored before those were rows of their own is scored again with the trigram fitted again as one
-more component (`fit_mixed` with `with_trigram`).
+A mixed MLP row stored before those were rows of their own (an MLP's `model.mix`) is scored again with the trigram
+fitted again as one more component (`StoredMixedRow`, `fit_mixed` with `with_trigram`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from nplm_repro.baselines.em import MixtureFit, fit_mixture, mixture_probs
 from nplm_repro.baselines.ngram import DeletedInterpolation, split_windows
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.errors import NplmError
-from nplm_repro.family import Family, Job, Recorded, Tokens
+from nplm_repro.family import Family, Job, Need, Recorded, Tokens
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.rules import MIX_MODES, Rule, one_of
 from nplm_repro.scores import KEPT_SPLITS, Scores
@@ -54,8 +54,9 @@ def component_seed(seed: int, shift: int, seeds: int | None) -> int:
 class Mixture(Family):
     """`model=mixture`: finished rows of the same study mixed, P = sum_k lambda_k(q_t) P_k, by their kept scores.
 
-    `components` names rows (their tag `row`: LSTM, MLP9, Del. Int.); the ledger finds each one's finished run of
-    this study (or of the study `from_study`), seed and data (tracking/components.py `component_runs`). `mode`:
+    `components` names rows (their tag `row`: LSTM, MLP9, Del. Int.), the runs it `needs`: the ledger finds each
+    one's finished run of this study (or of the study `from_study`), seed and data (tracking/components.py
+    `component_runs`), and hands their kept scores back (`Job.needed_scores`). `mode`:
     fixed, learned or context (the module's docstring). Pure arithmetic on kept scores: no model is run.
     """
 
@@ -66,6 +67,16 @@ class Mixture(Family):
     @classmethod
     def kind(cls, cfg: Any) -> str:
         return "mixed"
+
+    @classmethod
+    def needs(cls, cfg: Any) -> list[Need]:
+        """Each component's run: of the mixture's seed, or of the seed `model.seed_shift` after it."""
+        study = cfg.model.get("from_study") or cfg.get("study")
+        shifts = cfg.model.get("seed_shift") or [0] * len(cfg.model.components)
+        return [
+            Need(str(name), component_seed(cfg.seed, shift, cfg.model.get("seeds")), study, "model.components")
+            for name, shift in zip(cfg.model.components, shifts)
+        ]
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:
@@ -118,11 +129,11 @@ class Mixture(Family):
 
     @classmethod
     def fit_run(cls, cfg: Any, corpus: Corpus, logger: Any, job: Job) -> tuple[dict[str, float], Scores]:
-        return job.mix(components(cfg), cfg.model.mode)
+        return mix_runs(corpus, logger, components(cfg), cfg.model.mode, job.needed_scores())
 
     @classmethod
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
-        return run.mixed(tokens, components(run.cfg), run.cfg.model.mode)
+        return mixed_logprob(run, tokens, components(run.cfg), run.cfg.model.mode)
 
     def __init__(self, components: Sequence[str], mode: str) -> None:
         self.components, self.mode = list(components), mode
@@ -222,3 +233,35 @@ def mix_runs(
     logger.log_hyperparams({f"mix.{k}": v for k, v in mixed.describe().items()})
     logger.log_metrics(metrics)
     return metrics, Scores.of(corpus.text_names(), kept, {s: corpus.text_ids(s) for s in kept})
+
+
+def mixed_logprob(run: Recorded, tokens: Tokens, names: Sequence[str], mode: str, trigram: bool = False) -> np.ndarray:
+    """ln P of `tokens` by the mixture the run recorded: its parts (`names`) mixed with the weights fitted again on
+    validation, from the parts' kept scores where they have them, once per rebuilt run; with the interpolated
+    trigram fitted again as one more component if `trigram`."""
+    parts = run.parts()
+    if len(parts) != len(names):
+        raise NplmError(f"mixed run {run.run_id} names {len(parts)} runs it mixes (tag base_run_id), not {len(names)}")
+
+    def fitted() -> Mixed:
+        valid = np.column_stack([part.kept_logprob("valid") for part in parts])
+        return fit_mixed(run.corpus, names, mode, np.exp(valid.astype(np.float64)), trigram)
+
+    mixed = run.memo("mixture", fitted)
+    probs = np.column_stack([np.exp(part.logprob(tokens).astype(np.float64)) for part in parts])
+    return np.log(mixed.probs(probs, tokens.rows(mixed.trigram.order) if mixed.trigram is not None else None))
+
+
+class StoredMixedRow(Family):
+    """A trained family's row of kind mixed, stored before mixtures were rows of their own: an MLP's `model.mix` (the
+    paper's MLP2 ... MLP10, CHANGELOG.md), its MLP's run (tag base_run_id) and the interpolated trigram fitted again
+    as one more component, weighted as `model.mix` says. Such a row is no longer run, only scored: tracking/scoring.py
+    `RunScorer` scores it by this class."""
+
+    @classmethod
+    def kind(cls, cfg: Any) -> str:
+        return "mixed"
+
+    @classmethod
+    def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
+        return mixed_logprob(run, tokens, ["MLP"], run.cfg.model.mix, trigram=True)

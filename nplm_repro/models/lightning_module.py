@@ -22,13 +22,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
 import torch
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.windows import WindowBatches, loader
 from nplm_repro.errors import NplmError
-from nplm_repro.family import Recorded, Tokens
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.nplm import NPLM
@@ -48,14 +46,9 @@ class NPLMModule(LanguageModule):
     @classmethod
     def kind(cls, cfg: Any) -> str:
         """trained; a run stored with `model.mix` (the paper's mixed rows before they were `model=mixture` rows of
-        their own: CHANGELOG.md) is mixed: its MLP and the interpolated trigram."""
+        their own: CHANGELOG.md) is mixed: its MLP and the interpolated trigram, which the mixture's module scores
+        again (baselines/mixture.py `StoredMixedRow`)."""
         return "trained" if cfg.model.get("mix", "none") == "none" else "mixed"
-
-    @classmethod
-    def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
-        if cls.kind(run.cfg) == "mixed":  # a stored mixed row: its MLP (tag base_run_id) and the trigram fitted again
-            return run.mixed(tokens, [cls.label], run.cfg.model.mix, trigram=True)
-        return super().score_run(run, tokens)
 
     @classmethod
     def rules(cls, cfg: Any) -> dict[str, Rule]:

@@ -1,6 +1,6 @@
-"""The rows a mixture mixes (`model.components`): each one's finished run of the mixture's study (or the study
-`model.from_study`), seed and data, waited for while its job in the same sweep still runs; and the key its row had
-when the paper's mixed rows were an MLP's `model.mix` (`former_key`)."""
+"""The runs a row is made from (its family's `needs`: a mixture's components): each one's finished run of the
+study, seed and data its need names, waited for while its job in the same sweep still runs; and the key a mixed row
+had when the paper's mixed rows were an MLP's `model.mix` (`former_key`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import mlflow
 from mlflow.entities import Run
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nplm_repro.baselines.mixture import component_seed
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.errors import NplmError
+from nplm_repro.family import Need
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
 from nplm_repro.progress import report_status
 from nplm_repro.tracking.finding import search
@@ -28,7 +28,7 @@ WAIT_SECONDS = 15  # between two looks at a component still training
 
 
 class ComponentFailed(NplmError):
-    """A row a mixture mixes has failed (in this sweep, say): the mixture's job fails, and records a FAILED run of its
+    """A row a row needs has failed (in this sweep, say): the needing row's job fails, and records a FAILED run of its
     own (`failed_run`), so that its row is listed as failed in the report, not missing."""
 
 
@@ -41,7 +41,7 @@ def seedless(run: Run) -> bool:
     return "model_key" not in tags and "base_run_id" not in tags
 
 
-def one_configuration(name: str, study: str, runs: list[Run]) -> None:
+def one_configuration(name: str, study: str, runs: list[Run], key: str) -> None:
     """Refuse a component whose row name is shared by runs of several configurations (kn3 and kn5 are both
     'Kneser-Ney back-off'): which one it mixes would depend on which ran last. The refusal names them by the values
     that tell them apart."""
@@ -57,7 +57,7 @@ def one_configuration(name: str, study: str, runs: list[Run]) -> None:
         for r in newest.values()
     )
     raise NplmError(
-        f"model.components: row {name!r} is {len(newest)} configurations in study {study}: {each}; give each its own "
+        f"{key}: row {name!r} is {len(newest)} configurations in study {study}: {each}; give each its own "
         "row name (the `row` of its experiment) so that a component names exactly one"
     )
 
@@ -79,19 +79,17 @@ def same_recipe(runs: list[Run], cfg: DictConfig) -> list[Run]:
     return same or runs
 
 
-def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
-    """The finished run of each row `cfg.model.components` names, in this study (or `model.from_study`), on this
-    data, of this mixture's recipe where the row has several (`same_recipe`): the newest with this job's seed, or
-    for a counted row (no weights: the seed changes nothing) any. A component whose newest run is still RUNNING (its
-    job in this sweep, or one training it again) is waited for; one with no run, or only failed ones, is an error
-    naming it, and so is a row name that several configurations share (`one_configuration`)."""
+def component_runs(cfg: DictConfig, corpus: Corpus, needs: list[Need]) -> list[Run]:
+    """The finished run of each of `needs` (its family's `needs(cfg)`), on this data, of this job's recipe where the
+    row has several (`same_recipe`): the newest with the need's seed, or for a counted row (no weights: the seed
+    changes nothing) any. A needed run still RUNNING (its job in this sweep, or one training it again) is waited
+    for; one with no run, or only failed ones, is an error naming it, and so is a row name that several
+    configurations share (`one_configuration`)."""
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
-    of = cfg.model.get("from_study") or cfg.get("study")
-    study = f"tags.study = '{of}'" if of else "tags.study IS NULL"
     found = []
-    shifts = cfg.model.get("seed_shift") or [0] * len(cfg.model.components)
-    for name, shift in zip(cfg.model.components, shifts):
-        seed = component_seed(cfg.seed, shift, cfg.model.get("seeds"))  # another seed's run of the row, if shifted
+    for need in needs:
+        name, seed, of = need.row, need.seed, need.study
+        study = f"tags.study = '{of}'" if of else "tags.study IS NULL"
         while True:
             runs = search(
                 uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'"
@@ -101,16 +99,13 @@ def component_runs(cfg: DictConfig, corpus: Corpus) -> list[Run]:
                 finished = [r for r in runs if r.info.status == "FINISHED" and seedless(r)]
                 seeded = [r for r in runs if r.data.params.get("seed") == (finished or runs)[0].data.params.get("seed")]
             live = same_recipe([r for r in seeded if r.info.status == "FINISHED" or being_recorded(r)], cfg)
-            one_configuration(name, of or "(none)", live)
+            one_configuration(name, of or "(none)", live, need.key)
             done = [r for r in live if r.info.status == "FINISHED"]
             if done and live[0].info.status == "FINISHED":  # the newest: a run of its row training again is waited for
                 found.append(done[0])
                 break
             if not live:
-                why = (
-                    f"model.components: no finished run of row {name!r} with seed {seed} in study "
-                    f"{of or '(none)'} on this data"
-                )
+                why = f"{need.key}: no finished run of row {name!r} with seed {seed} in study {of or '(none)'} on this data"
                 if seeded and seeded[0].info.status == "KILLED":  # the newest: stopped, not failed
                     raise NplmError(
                         f"{why}: its run {seeded[0].info.run_id} was killed before it ended; the command that ran it "

@@ -23,11 +23,9 @@ import mlflow
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
-from lightning.pytorch.loggers import MLFlowLogger
 from mlflow.entities import Run, RunTag
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.baselines.mixture import mix_runs
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
@@ -109,20 +107,18 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
 @dataclass
 class Recording:
     """What the ledger gives a family's `fit_run` (nplm_repro/family.py `Job`): the checkpoint it resumes from, and
-    the runs a mixture mixes (`bases`: its components), by their kept scores."""
+    the kept scores of the runs its family needs (`bases`: a mixture's components)."""
 
     cfg: DictConfig
     corpus: Corpus
-    logger: MLFlowLogger
     bases: list[str]
     resume: Path | None
 
     def resume_from(self) -> Path | None:
         return self.resume
 
-    def mix(self, names: list[str], mode: str) -> tuple[dict[str, float], Scores]:
-        parts = [base_scores(self.cfg.tracking.uri, base, self.corpus) for base in self.bases]
-        return mix_runs(self.corpus, self.logger, names, mode, parts)
+    def needed_scores(self) -> list[Scores]:
+        return [base_scores(self.cfg.tracking.uri, base, self.corpus) for base in self.bases]
 
 
 def failed_run(cfg: DictConfig, corpus: Corpus, error: BaseException) -> None:
@@ -150,13 +146,14 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     check_sizes(cfg, corpus.sizes())  # the values against the data read: a text corpus's splits, the words
     open_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)  # reached above
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
+    needs = family_of(cfg).needs(cfg)  # the runs its family makes the row from: a mixture's components
     try:
-        components = component_runs(cfg, corpus) if "components" in cfg.model else None
+        needed = component_runs(cfg, corpus, needs) if needs else []
     except ComponentFailed as error:
         failed_run(cfg, corpus, error)
         raise
-    bases = [r.info.run_id for r in components or []]
-    parts = [r.data.tags.get("config_key", r.info.run_id) for r in components or []]  # part of the mixture's key
+    bases = [r.info.run_id for r in needed]
+    parts = [r.data.tags.get("config_key", r.info.run_id) for r in needed]  # part of the row's key
     # auto becomes a concrete precision before the config is keyed (the key says what computed): the one a run of
     # this config already resolved, else what this machine runs faster (`settle_precision`)
     own = trains(cfg)
@@ -176,7 +173,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
         key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision)
         for other in set(keys.values()) - {key}:  # a run of this job under the precision it did not take
             end_orphans(uri, experiment, other)
-        former = former_key(cfg, components, corpus.fingerprint) if components and not cfg.rerun else None
+        former = former_key(cfg, needed, corpus.fingerprint) if needed and not cfg.rerun else None
         found = None if cfg.rerun else find_finished(uri, experiment, config_key=key)
         found = found or (former and find_finished(uri, experiment, config_key=former))
         if found:
@@ -288,8 +285,8 @@ def record(
     cfg: DictConfig, corpus: Corpus, key: str, tags: dict[str, str], bases: list[str] = ()
 ) -> tuple[str, dict[str, float]]:
     """Fit the model as its family fits a run (`fit_run`: train, count or mix) and record it as one MLflow run
-    (tagged with its config_key and `tags`); a mixture mixes the runs `bases` (`component_runs`, found before its
-    key, which holds their config_keys).
+    (tagged with its config_key and `tags`), from the runs `bases` its family needs (a mixture's components:
+    `component_runs`, found before its key, which holds their config_keys).
 
     The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
     out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
@@ -312,7 +309,7 @@ def record(
     end_orphans(cfg.tracking.uri, cfg.tracking.experiment, key, keep=resume[0] if resume else None)
     logger = open_run(cfg, corpus, resume=resume[0] if resume else None, config_key=key, **tags)
     try:
-        job = Recording(cfg, corpus, logger, list(bases), resume[1] if resume else None)
+        job = Recording(cfg, corpus, list(bases), resume[1] if resume else None)
         metrics, scores = family.fit_run(cfg, corpus, logger, job)
         check_perplexities(metrics)
         log_scores(logger.experiment, logger.run_id, scores)

@@ -220,17 +220,18 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def as_mixed_mlps(frame: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
-    """A mixture of one MLP's run and Del. Int.'s (the paper's MLP2 ... MLP10, `model=mixture`) as the paper's
+    """A mixed row of one MLP's run and Del. Int.'s (the paper's MLP2 ... MLP10, `model=mixture`) as the paper's
     tables show it, and as such a row was stored when it was an MLP's `model.mix`: an MLP row with the MLP's
     columns and configuration, its mix the mixture's mode, `base_run_id` its MLP's run, `mix_lambda` the MLP's
-    weight (of one weight for all tokens: none per context bin)."""
+    weight (of one weight for all tokens: none per context bin). Any family's row of kind mixed may be one: it is
+    told by the runs it mixes (its tag base_run_id), never by its family's name."""
     if frame.empty:
         return frame
     runs = frame.set_index("run_id", drop=False)
     params = raw.set_index("run_id")
     shown = ["family", "family_label", "colour", "n", "c", "h", "m", "direct"]
     trigram_row, known = FAMILY_NAMES[PAPER_TRIGRAM], set(frame["run_id"])
-    for i in frame.index[frame["family"] == "mixture"]:
+    for i in frame.index[frame["kind"] == "mixed"]:
         ids = frame.at[i, "base_run_id"].split(",")
         if len(ids) != 2 or not known.issuperset(ids):
             continue

@@ -28,7 +28,7 @@ from hydra.utils import get_class
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.baselines.mixture import Mixed, fit_mixed
+from nplm_repro.baselines.mixture import StoredMixedRow
 from nplm_repro.baselines.ngram import split_windows
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import load_corpus
@@ -123,7 +123,10 @@ class RunScorer:
 
     @property
     def family(self) -> type[Family]:
-        return family_of(self.cfg)
+        """The family that scores the run: its config's; for a trained family's run of kind mixed (an MLP's
+        `model.mix`, stored before mixtures were rows of their own), the mixture module's `StoredMixedRow`."""
+        family = family_of(self.cfg)
+        return StoredMixedRow if family.trained and family.kind(self.cfg) == "mixed" else family
 
     @property
     def kind(self) -> str:
@@ -245,29 +248,16 @@ class RunScorer:
             self._made[key] = make()
         return self._made[key]
 
+    def kept_logprob(self, split: str) -> np.ndarray:
+        kept = kept_scores(self.client, self.run_id)
+        return kept.splits[split].logprob if kept else self.logprob(self.split(split))
+
     def parts(self) -> list[RunScorer]:
-        """The runs it mixes (tag base_run_id: their ids, in the order of its components), rebuilt on its data."""
+        """The runs it was made from (tag base_run_id: their ids, in the order its family needs them: a mixture's
+        components), rebuilt on its data."""
         if self._parts is None:
             ids = [run for run in self.run.data.tags.get("base_run_id", "").split(",") if run]
             if not ids:
                 raise NplmError(f"mixed run {self.run_id} does not name the runs it mixes (tag base_run_id)")
             self._parts = [RunScorer(self.uri, run, corpus=self.corpus) for run in ids]
         return self._parts
-
-    def mixed(self, tokens: Tokens, names: list[str], mode: str, trigram: bool = False) -> np.ndarray:
-        parts = self.parts()
-        if len(parts) != len(names):
-            raise NplmError(
-                f"mixed run {self.run_id} names {len(parts)} runs it mixes (tag base_run_id), not {len(names)}"
-            )
-        fitted = self.memo("mixture", lambda: self._fitted(names, mode, trigram))
-        probs = np.column_stack([np.exp(part.logprob(tokens).astype(np.float64)) for part in parts])
-        return np.log(fitted.probs(probs, tokens.rows(fitted.trigram.order) if fitted.trigram is not None else None))
-
-    def _fitted(self, names: list[str], mode: str, trigram: bool) -> Mixed:
-        """The weights fitted again by EM on validation, from the parts' kept scores where they have them."""
-        valid = []
-        for part in self.parts():
-            kept = kept_scores(part.client, part.run_id)
-            valid.append(kept.splits["valid"].logprob if kept else part.logprob(part.split("valid")))
-        return fit_mixed(self.corpus, names, mode, np.exp(np.column_stack(valid).astype(np.float64)), trigram)
