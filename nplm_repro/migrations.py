@@ -1,6 +1,6 @@
 """Every stored form of before, read as today's, in one place: what users' stores, checkpoints, Models and command
-lines still hold from earlier versions, and the one function that upgrades each. The main path calls one of them once
-per thing it reads, and nowhere else knows an old form:
+lines still hold from earlier versions, and the one function that upgrades each, which the main path calls once per
+thing it reads:
 
 - run keys (tracking/keys.py): the spellings key version 1 hashed (`FAMILY_IDS`, `FROZEN`, `LATER_KNOBS`, `key_model`),
   so the runs in users' stores keep their keys (tests/test_keys.py pins them);
@@ -11,7 +11,8 @@ per thing it reads, and nowhere else knows an old form:
   (`upgrade_run_seed`);
 - configs (train.py): classes named by the module they lived in (`upgrade_config`);
 - Models and checkpoints (tracking/served.py, scoring.py, registry.py): a Model that does not name its class
-  (`upgrade_reading`), weights kept as a checkpoint artifact before runs logged a Model (`CHECKPOINT_BEFORE_MODELS`).
+  (`upgrade_reading`), weights kept as a checkpoint artifact before runs logged a Model (`CHECKPOINT_BEFORE_MODELS`);
+- lock files (tracking/locks.py): a model_key's, named when only MLPs trained (`MODEL_LOCK`).
 
 Each says which stored form it reads and why it is still needed; one that no store can hold any more goes. A leaf
 (docs/layout.md): every layer may import it, and it imports no subpackage.

@@ -2,8 +2,8 @@
 
 `run` is a job: check, load the corpus, resolve the precision (`models.precision.job_precision`), then under the
 config's lock find a FINISHED run of its config_key (skip; a mixture of an MLP and Del. Int. also of the key
-its row had before it was a mixture, `former_key`), or of its trained model's model_key in another study (`adopt` it into
-this one, untrained), or `record` one: resume the config's newest run from its last checkpoint if a kill
+its row had before it was a mixture, `former_key`), or of its trained model's model_key in another study (`adopt`
+it into this one, untrained), or `record` one: resume the config's newest run from its last checkpoint if a kill
 interrupted it, mark orphaned RUNNING runs KILLED, fit or train, log. Every look-up is one `search` of the
 experiment's runs.
 """
