@@ -1,4 +1,4 @@
-"""`nplm-ask`: ask a trained MLP run what it learned: text continued from a prompt, or the nearest words of words in
+"""`nplm-ask`: ask a trained run what it learned: text continued from a prompt, or the nearest words of words in
 its learned feature space C (cosine similarity).
 
 nplm-ask generate 3f2a... --prompt "The jury said" --words 30 --draw-seed 1
@@ -34,8 +34,8 @@ def _arguments() -> argparse.Namespace:
     neighbours = commands.add_parser("neighbours", help="the nearest words of words in the feature space C")
     features = commands.add_parser("features", help="the run's features/ artifacts: probe words' neighbours, a map")
     for command in (generate, features):
-        command.add_argument("run_id", nargs="?", help="the MLP run (or --row and --study)")
-    neighbours.add_argument("items", nargs="+", metavar="[RUN_ID] WORD", help="the MLP run (or --row), then words")
+        command.add_argument("run_id", nargs="?", help="the trained run (or --row and --study)")
+    neighbours.add_argument("items", nargs="+", metavar="[RUN_ID] WORD", help="the trained run (or --row), then words")
     for command in (generate, neighbours, features):
         run_arguments(command, "asked", run_seed=True)
         command.add_argument("--data-path", help="the run's corpus, where its recorded path no longer holds it")

@@ -1,8 +1,9 @@
 """The wrapper every command's main runs in (`cli`): how it ends, by exits.py's rule (a bad key or value is one line
 and exit 2, any other error one line and exit 1), Ctrl-C or SIGTERM one line and exit 130 (a run being recorded ends
-KILLED); what it silences; a study's command of before read as today's. The same rule holds in a single run and a
-sweep. And the options the argparse commands share, declared once so that one spelling means one thing in each:
-where the store is (`store_arguments`), which run of it is read (`run_arguments`)."""
+KILLED); what it silences; a command line of before read as today's (nplm_repro/migrations.py `upgrade_argv`). The
+same rule holds in a single run and a sweep. And the options the argparse commands share, declared once so that one
+spelling means one thing in each: where the store is (`store_arguments`), which run of it is read
+(`run_arguments`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from nplm_repro.errors import NplmError, interrupted
@@ -26,36 +25,9 @@ from nplm_repro.exits import (
     fail_with,
     traceback_switch,
 )
+from nplm_repro.migrations import RUN_SEED_DEPRECATED, upgrade_argv, upgrade_run_seed
 from nplm_repro.tracking.best import row_run
 from nplm_repro.tracking.store import existing_store
-
-# How a study ran before the studies became the config group `study`: sweeps/ as Hydra's config directory
-OLD_STUDY_OPTIONS = {"-cd": "dir", "--config-dir": "dir", "-cn": "name", "--config-name": "name"}
-
-
-def study_form(argv: list[str]) -> list[str]:
-    """`argv` with `-cd DIR -cn NAME` as `study=NAME` when DIR/NAME.yaml is the installed study NAME, which
-    composes the same jobs; a study file of another version is an error (Hydra cannot run a group's file alone).
-    Any other command line, such as `-cd` naming a config of one's own, is returned as it is."""
-    given: dict[str, tuple[str, list[int]]] = {}
-    for i, arg in enumerate(argv):
-        option, equals, value = arg.partition("=")
-        if option in OLD_STUDY_OPTIONS and (equals or i + 1 < len(argv)):
-            given[OLD_STUDY_OPTIONS[option]] = (value, [i]) if equals else (argv[i + 1], [i, i + 1])
-    if given.keys() != {"dir", "name"}:
-        return argv
-    (folder, dir_at), (name, name_at) = given["dir"], given["name"]
-    path = Path(folder) / f"{name}.yaml"
-    if not path.is_file() or not path.read_text().startswith("# @package _global_"):
-        return argv
-    installed = resources.files("nplm_repro.conf") / "study" / path.name
-    if not installed.is_file() or installed.read_text() != path.read_text():
-        raise NplmError(
-            f"{path} is not the study {name} installed with nplm_repro: a study is the config group `study` "
-            f"(nplm-train -m study=<name>), so reinstall the package (pip install .) to run this file"
-        )
-    return [f"study={name}" if i == name_at[0] else arg for i, arg in enumerate(argv) if i not in dir_at + name_at[1:]]
-
 
 # Said on Ctrl-C or SIGTERM: the ledger marks a run it was recording KILLED, and resumes it on the same command.
 INTERRUPTED = "interrupted (any run it was recording is now KILLED; the same command resumes it)"
@@ -110,7 +82,7 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
 
     Hydra prints its own multi-line report unless HYDRA_FULL_ERROR is set; we set it so the error reaches
     us, and keep the full traceback when the user set `traceback_env`. Ctrl-C or SIGTERM: one line and exit 130.
-    A study's command of before, `-cd sweeps -cn <study>`, runs as `study=<study>` (`study_form`).
+    A study's command of before, `-cd sweeps -cn <study>`, runs as `study=<study>` (migrations.py `upgrade_argv`).
     """
 
     @functools.wraps(main)
@@ -119,7 +91,7 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
         os.environ[HYDRA_TRACEBACK] = "1"
         quiet()
         try:
-            sys.argv[1:] = study_form(sys.argv[1:])
+            sys.argv[1:] = upgrade_argv(sys.argv[1:])
             main()
         except (KeyboardInterrupt, SystemExit) as error:
             if not interrupted(error) or wants_traceback:
@@ -142,10 +114,6 @@ def store_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",
         help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
     )
-
-
-# nplm-ask's name for --seed until it took nplm-score's; said once when it is given
-RUN_SEED_DEPRECATED = "--run-seed is deprecated: use --seed (it will be removed in the next release)"
 
 
 def run_arguments(parser: argparse.ArgumentParser, verb: str, run_seed: bool = False) -> None:
@@ -173,25 +141,21 @@ def run_arguments(parser: argparse.ArgumentParser, verb: str, run_seed: bool = F
 def check_run(args: argparse.Namespace) -> None:
     """Refuse, before any store is opened, a run named twice or not at all (`args.run_id`, or --row), a row without
     its study, and a seed with no row to pick it from (a run id names its run: the seed would go unread), each in one
-    line. A deprecated `--run-seed` is read as --seed, unless --seed names another seed, and warned of."""
-    old = getattr(args, "run_seed", None)
-    if old is not None and args.seed not in (None, old):
-        raise NplmError(f"--seed {args.seed} and --run-seed {old} name two seeds: give --seed alone")
+    line. A deprecated `--run-seed` is read as --seed (migrations.py `upgrade_run_seed`), and warned of."""
+    given = upgrade_run_seed(args)
     if bool(args.run_id) == bool(args.row):
         raise NplmError("name one run: a run id, or --row with --study")
     if args.row and not args.study:
         raise NplmError("--row needs --study: the study whose row it is")
-    seed, given = (args.seed, "--seed") if old is None else (old, "--run-seed")
-    if seed is not None and not args.row:  # nplm-ask generate's --seed was its draws' seed: say where that went
+    if args.seed is not None and not args.row:  # nplm-ask generate's --seed was its draws' seed: say where that went
         why = (
             "the draws' seed is --draw-seed"
-            if old is None and hasattr(args, "draw_seed")
+            if given == "--seed" and hasattr(args, "draw_seed")
             else "a run id names its run already"
         )
-        raise NplmError(f"{given} {seed} picks a seed's run of --row: {why}")
-    if old is not None:
+        raise NplmError(f"{given} {args.seed} picks a seed's run of --row: {why}")
+    if given != "--seed":
         print(f"{os.path.basename(sys.argv[0])}: warning: {RUN_SEED_DEPRECATED}", file=sys.stderr)
-        args.seed = old
 
 
 def named_run(args: argparse.Namespace) -> str:

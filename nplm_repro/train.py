@@ -22,6 +22,7 @@ from nplm_repro.cli import cli, quiet
 from nplm_repro.errors import sigterm_interrupts
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
+from nplm_repro.migrations import upgrade_config
 from nplm_repro.tracking.ledger import run
 from nplm_repro.tracking.sweep import ends_sweeps
 
@@ -35,6 +36,7 @@ def _main(cfg: DictConfig) -> float:
     quiet()  # in joblib's workers too, which run only this function
     sigterm_interrupts()  # in joblib's and submitit's workers too, which run only this function
     with errors_exit(sweep=HydraConfig.get().mode == RunMode.MULTIRUN):
+        cfg = upgrade_config(cfg)  # a config of before read as today's
         check_job(cfg)
         _, metrics = run(cfg)
     return metrics["valid_ppl"]

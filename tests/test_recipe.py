@@ -16,11 +16,12 @@ from test_sweeps import jobs_of
 from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.windows import loader
 from nplm_repro.errors import NplmError
+from nplm_repro.migrations import former_config
 from nplm_repro.models.lightning_module import NPLMModule
 from nplm_repro.models.schedules import schedules
 from nplm_repro.reporting.recipe import Recipe, step_of
 from nplm_repro.studies import declaration
-from nplm_repro.tracking.components import former_config, same_recipe
+from nplm_repro.tracking.components import same_recipe
 from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.records import flat_params

@@ -1,4 +1,4 @@
-"""Every MLP run is an MLflow Model (tracking/served.py): loaded by URI in a fresh Python process that imports
+"""Every trained run is an MLflow Model (tracking/served.py): loaded by URI in a fresh Python process that imports
 nothing of ours, it answers the exact softmax of the run's weights; bad requests are errors a server answers 400."""
 
 from __future__ import annotations

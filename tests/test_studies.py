@@ -12,8 +12,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.cli import study_form
 from nplm_repro.errors import NplmError
+from nplm_repro.migrations import former_config, upgrade_argv
 from nplm_repro.studies import (
     CLAIM_KINDS,
     KNOWN,
@@ -23,7 +23,6 @@ from nplm_repro.studies import (
     row_name,
     study_file,
 )
-from nplm_repro.tracking.components import former_config
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.study_rows import study_rows
 from nplm_repro.tracking.sweep import check_declaration
@@ -102,7 +101,7 @@ def test_a_mixed_mlp_job_finds_its_stored_run_by_its_former_key(
 ) -> None:
     """A mixed MLP row (MLP10 of Table 2; brown_mixtures' MLP6 with a learned weight, which mixes brown_table1's
     MLP5 and Del. Int.) finds its stored run, keyed before the group as an MLP with model.mix, by its former
-    config's key (tracking/components.py `former_config`)."""
+    config's key (nplm_repro/migrations.py `former_config`)."""
     fixed = ("trainer.precision=32-true", "data.path=brown.zip")
     mixture = composed(f"study={study}", *job.split(), *fixed)
     former = former_config(composed(*mlp.split(), *fixed), mixture.model.mode, mixture.study)
@@ -132,21 +131,21 @@ def test_nplm_bench_finds_its_config_from_any_directory(tmp_path: Path) -> None:
     ],
 )
 def test_the_old_command_of_a_study_runs_as_the_study(argv: list[str], expected: list[str]) -> None:
-    assert study_form(argv) == expected
+    assert upgrade_argv(argv) == expected
 
 
 def test_a_config_directory_of_ones_own_is_left_to_hydra(tmp_path: Path) -> None:
     """A sweep file of the old kind (it starts from `config`) is a primary config, and still runs as one."""
     as_primary("grid", tmp_path)
     argv = ["-cd", str(tmp_path), "-cn", "grid"]
-    assert study_form(argv) == argv
+    assert upgrade_argv(argv) == argv
 
 
 @pytest.mark.slow  # over 10 s
 def test_a_study_file_not_the_installed_one_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "grid.yaml").write_text((SWEEPS / "grid.yaml").read_text().replace("range(1,3)", "range(1,4)"))
     with pytest.raises(NplmError, match="grid.yaml is not the study grid installed with nplm_repro"):
-        study_form(["-cd", str(tmp_path), "-cn", "grid"])
+        upgrade_argv(["-cd", str(tmp_path), "-cn", "grid"])
     result = run_script("nplm-train", "-cd", str(tmp_path), "-cn", "grid", cwd=tmp_path, timeout=120)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1

@@ -25,7 +25,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import paper_table
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.config_checks import check_config
-from nplm_repro.tracking.locks import mlp_lock
+from nplm_repro.tracking.locks import model_lock
 from nplm_repro.tracking.sweep import sweep_key, swept
 
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5"]
@@ -442,15 +442,15 @@ def test_a_blank_study_name_is_refused() -> None:
         check_config(cfg)
 
 
-def test_mlp_lock_waits_for_the_job_that_holds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_model_lock_waits_for_the_job_that_holds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPLM_CACHE", str(tmp_path))
     entered = threading.Event()
 
     def mixed_job() -> None:
-        with mlp_lock("k"):
+        with model_lock("k"):
             entered.set()
 
-    with mlp_lock("k"):  # the MLP's own job, training
+    with model_lock("k"):  # the model's own job, training
         waiting = threading.Thread(target=mixed_job)
         waiting.start()
         assert not entered.wait(0.5)

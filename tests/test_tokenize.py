@@ -67,7 +67,19 @@ def test_invisible_characters_are_no_tokens(data: Any, tokenized: bool) -> None:
     assert drop_invisible(INVISIBLE) == SEEN
     assert read_text(INVISIBLE, data, "t", tokenized) == read_text(SEEN, data, "t", tokenized)
     if data is BROWN and not tokenized:
-        assert read_text(INVISIBLE, data, "t")[:11] == ["Family", "time", "👨", "👩", "👧", "is", "the", "best", "❤", ",", "a"]
+        assert read_text(INVISIBLE, data, "t")[:11] == [
+            "Family",
+            "time",
+            "👨",
+            "👩",
+            "👧",
+            "is",
+            "the",
+            "best",
+            "❤",
+            ",",
+            "a",
+        ]
 
 
 def test_the_forms_kept_whole_are_what_brown_gives(brown_path: Path) -> None:

@@ -13,8 +13,9 @@ Both recipes are SGD with weight decay, the learning rate `optim.lr` counted per
 The decay and the drop are knobs either recipe can take (schedules.py), for going from one recipe to the other.
 Weight decay applies to C, H, U, W, never to the biases b and d (p.1142).
 
-Stored runs name classes by this module's path (their config's `model._target_` and the progress bar's, an MLflow
-Model's `module`), and families outside the package import LanguageModule from it: what moved out stays importable.
+Stored runs name NPLMModule by this module's path (their config's `model._target_`, an MLflow Model's `module`), and
+families outside the package import LanguageModule from it: both stay importable here. A class that moved out is
+named where it lives by nplm_repro/migrations.py (`upgrade_config`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from nplm_repro.models.outputs import OUTPUTS, Head, outputs_for, training_of
 from nplm_repro.models.plain_loop import ExactLoop, SampledLoop
 from nplm_repro.models.sampled_loss import Proposal, SparseSGD
 from nplm_repro.models.schedules import schedules
-from nplm_repro.models.training import ProgressBar  # noqa: F401 (stored runs' callbacks name it by this path)
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 

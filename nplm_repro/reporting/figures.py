@@ -1,5 +1,5 @@
 """The report's figures: the headline figures a study declares (studies.yaml `figures`, drawn by headlines.py)
-first, then those every study has: every row's test perplexity, validation perplexity per epoch of the trained MLPs,
+first, then those every study has: every row's test perplexity, validation perplexity per epoch of the trained rows,
 the claims pair by pair, and perplexity against each knob its rows vary alone (ours filled beside the paper's hollow;
 only the knobs the study declares, studies.yaml `knobs`, where it does).
 
@@ -187,7 +187,7 @@ def _sort_values(values: list[str]) -> list[str]:
 
 
 def valid_by_epoch(report: Report) -> Figure | None:
-    """Validation perplexity per epoch of every trained MLP row: a thin line per seed with its best epoch (the
+    """Validation perplexity per epoch of every trained row: a thin line per seed with its best epoch (the
     checkpoint reported) marked, the seeds' mean in bold, one colour per row, the legend beside the axes (with the
     paper's validation perplexity of brown_recipe's targets, dashed); None when there is none."""
     curves = {row: seeds for row, seeds in report.history.items() if any(values for _, values in seeds)}

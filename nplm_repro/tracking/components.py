@@ -1,6 +1,6 @@
 """The runs a row is made from (its family's `needs`: a mixture's components): each one's finished run of the
 study, seed and data its need names, waited for while its job in the same sweep still runs; and the key a mixed row
-had when the paper's mixed rows were an MLP's `model.mix` (`former_key`)."""
+had when the paper's mixed rows were an MLP's `model.mix` (`former_key`, of migrations.py's `former_config`)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ import time
 
 import mlflow
 from mlflow.entities import Run
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Need
+from nplm_repro.migrations import counted, former_config, run_family
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
 from nplm_repro.progress import report_status
 from nplm_repro.tracking.finding import search
 from nplm_repro.tracking.keys import BOOKKEEPING, config_key, without_unused
 from nplm_repro.tracking.locks import recording
-from nplm_repro.tracking.runs import TRAINED_GROUPS, run_family
+from nplm_repro.tracking.runs import TRAINED_GROUPS
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +31,6 @@ WAIT_SECONDS = 15  # between two looks at a component still training
 class ComponentFailed(NplmError):
     """A row a row needs has failed (in this sweep, say): the needing row's job fails, and records a FAILED run of its
     own (`failed_run`), so that its row is listed as failed in the report, not missing."""
-
-
-def seedless(run: Run) -> bool:
-    """Whether a run counted its model (an n-gram: no weights, so its seed changes nothing); runs from before the tag
-    `family_kind` were counted when they neither trained (model_key) nor mixed (base_run_id)."""
-    tags = run.data.tags
-    if "family_kind" in tags:
-        return tags["family_kind"] == "counted"
-    return "model_key" not in tags and "base_run_id" not in tags
 
 
 def one_configuration(name: str, study: str, runs: list[Run], key: str) -> None:
@@ -95,8 +87,8 @@ def component_runs(cfg: DictConfig, corpus: Corpus, needs: list[Need]) -> list[R
                 uri, experiment, f"tags.row = '{name}'", study, f"tags.data_fingerprint = '{corpus.fingerprint}'"
             )
             seeded = [r for r in runs if r.data.params.get("seed") == str(seed)]
-            if not any(r.info.status == "FINISHED" for r in seeded) and any(seedless(r) for r in runs):
-                finished = [r for r in runs if r.info.status == "FINISHED" and seedless(r)]
+            if not any(r.info.status == "FINISHED" for r in seeded) and any(counted(r.data.tags) for r in runs):
+                finished = [r for r in runs if r.info.status == "FINISHED" and counted(r.data.tags)]
                 seeded = [r for r in runs if r.data.params.get("seed") == (finished or runs)[0].data.params.get("seed")]
             live = same_recipe([r for r in seeded if r.info.status == "FINISHED" or being_recorded(r)], cfg)
             one_configuration(name, of or "(none)", live, need.key)
@@ -118,15 +110,6 @@ def component_runs(cfg: DictConfig, corpus: Corpus, needs: list[Need]) -> list[R
             log.info("component %s (seed %s) is still running: waiting for it", name, seed)
             time.sleep(WAIT_SECONDS)
     return found
-
-
-def former_config(mlp: DictConfig, mode: str, study: str | None) -> DictConfig:
-    """The config a mixed MLP row had as an MLP's own row: `mlp` (its MLP component's) with `model.mix` the
-    mixture's mode, in the mixture's study."""
-    former = mlp.copy()
-    with open_dict(former):
-        former.model.mix, former.study = mode, study
-    return former
 
 
 def former_key(cfg: DictConfig, components: list[Run], fingerprint: str) -> str | None:

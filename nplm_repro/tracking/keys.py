@@ -1,11 +1,10 @@
-"""What identifies a run: `config_key` (a job's config and data) and `model_key` (a trained MLP).
+"""What identifies a run: `config_key` (a job's config and data) and `model_key` (a trained model).
 
 Keys name a model by its family (`mlp`, `lstm`, `kneser_ney`, ...: the class's `family` attribute), never by where
-its class lives, so moving code retrains nothing. Inside the hash the four families of key version 1 are spelled as
-in FAMILY_IDS, their class paths then, frozen as plain names, so the runs already in users' stores keep matching
-(tests/test_keys.py pins them); a later family is spelled by its name. Runs carry the tag `key_version`. Knobs a
-family lost are frozen the same way: the MLP's key still holds `mix: none` (FROZEN), the value every MLP run had
-when a mixed row was an MLP's `model.mix` (its mixture is now a row of its own: `former_key`).
+its class lives, so moving code retrains nothing. Inside the hash a model is spelled as key version 1 spelled it
+(nplm_repro/migrations.py `key_model`: the class paths of its four families then, and the knobs a family lost at
+their frozen values), so the runs already in users' stores keep matching (tests/test_keys.py pins them). Runs carry
+the tag `key_version`.
 """
 
 from __future__ import annotations
@@ -20,22 +19,13 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.family import Family
+from nplm_repro.migrations import LATER_KNOBS, key_model
 
 KEY_VERSION = "1"
-FAMILY_IDS = {  # never imported: names only
-    "mlp": "nplm_repro.module.NPLMModule",
-    "deleted_interpolation": "nplm_repro.ngram.DeletedInterpolation",
-    "kneser_ney": "nplm_repro.ngram.KneserNey",
-    "class_based": "nplm_repro.class_ngram.ClassBackoff",
-}
-FROZEN = {"mlp": {"mix": "none"}}  # model keys a family lost, as key version 1 hashed them
 SAMPLING_KEYS = ("output", "samples", "proposal", "estimator")  # optim's, for optim.output=sampled only
 # What `without_unused` leaves out of a trained run's key, read back where two runs are told apart (a report's labels,
 # a claim's arms): an exact run trained the softmax over V with exact gradients.
 IMPLIED = {"model.output": "standard", "optim.output": "exact"}
-
-# Model knobs added after runs were stored, whose null is what every run did before them: left out of keys at null
-LATER_KNOBS = ("from_study", "dropout_attention", "dropout_embedding")
 
 # Keys that record where or how a job ran, not what it computed: left out of `config_key`. The row name is
 # left out too: the MLP a mixed row trains for itself (no row) is the same run as its own row's.
@@ -100,20 +90,13 @@ def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def _named(model: dict[str, Any], cfg: DictConfig) -> dict[str, Any]:
-    """`model` (a config's model node) with its class path replaced by its family's frozen id, and the keys it lost
-    at their frozen values (FROZEN)."""
-    name = family(cfg)
-    return FROZEN.get(name, {}) | model | {"_target_": FAMILY_IDS.get(name, name)}
-
-
 def model_key(cfg: DictConfig, fingerprint: str) -> str:
-    """What determines a trained MLP: data, model (less the mixture), optimiser, trainer, early stopping, seed.
+    """What determines a trained model: data, model (less the mixture), optimiser, trainer, early stopping, seed.
 
-    A mixed row looks up the finished run with its key instead of training the same MLP again.
+    A job of another study with the same key adopts its finished run instead of training the same model again.
     """
     parts = without_unused({k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "optim", "trainer")})
-    parts["model"] = _named(parts["model"], cfg)
+    parts["model"] = key_model(parts["model"], family(cfg))
     parts["model"].pop("mix", None)
     parts |= {
         "data": fingerprint,
@@ -131,7 +114,7 @@ def config_key(cfg: DictConfig, fingerprint: str, components: Sequence[str] = ()
     only what is missing. The study is part of the key, so every study's runs carry its tag.
     """
     kept = without_unused(OmegaConf.to_container(cfg, resolve=False))
-    kept["model"] = _named(kept["model"], cfg)
+    kept["model"] = key_model(kept["model"], family(cfg))
     for dotted in BOOKKEEPING:
         *path, last = dotted.split(".")
         node = functools.reduce(lambda d, k: d.get(k) or {}, path, kept)

@@ -2,8 +2,8 @@
 
 `run` is a job: check, load the corpus, resolve the precision (`models.precision.job_precision`), then under the
 config's lock find a FINISHED run of its config_key (skip; a mixture of an MLP and Del. Int. also of the key
-its row had before it was a mixture, `former_key`), or of its MLP's model_key in another study (`adopt` it into
-this one, untrained), or `record` one: resume the config's newest run from its last checkpoint if a kill
+its row had before it was a mixture, `former_key`), or of its trained model's model_key in another study (`adopt`
+it into this one, untrained), or `record` one: resume the config's newest run from its last checkpoint if a kill
 interrupted it, mark orphaned RUNNING runs KILLED, fit or train, log. Every look-up is one `search` of the
 experiment's runs.
 """
@@ -30,6 +30,7 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
+from nplm_repro.migrations import CHECKPOINT_BEFORE_MODELS
 from nplm_repro.models.language_module import DIVERGED
 from nplm_repro.models.outputs import Training, training_of
 from nplm_repro.models.precision import choices, job_precision
@@ -42,10 +43,10 @@ from nplm_repro.tracking.features import log_features
 from nplm_repro.tracking.finding import find_finished, search
 from nplm_repro.tracking.kept import kept_scores, log_scores
 from nplm_repro.tracking.keys import config_key, family, family_of, model_key, trains
-from nplm_repro.tracking.locks import config_lock, mlp_lock
+from nplm_repro.tracking.locks import config_lock, model_lock
 from nplm_repro.tracking.records import check_system_metrics, open_run
 from nplm_repro.tracking.redaction import redact
-from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
+from nplm_repro.tracking.scoring import RunScorer, has_weights
 from nplm_repro.tracking.served import log_model
 from nplm_repro.tracking.store import open_store, reach_store
 
@@ -96,7 +97,8 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
         if not has_weights(client, base):
             raise NplmError(
                 f"run {base}, which this row mixes, kept no scores ({ARTIFACT}) and has no weights (Model or "
-                f"{CHECKPOINT}) to score it again: train its row again (rerun=true) so that the mixture finds the new run"
+                f"{CHECKPOINT_BEFORE_MODELS}) to score it again: train its row again (rerun=true) so that the mixture "
+                "finds the new run"
             )
         log.info("run %s kept no scores: scoring it again from its checkpoint", base)
         scores = RunScorer(uri, base, corpus=corpus).kept()
@@ -163,14 +165,14 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
         variants[precision] = cfg.copy()
         variants[precision].trainer.precision = precision
     keys = {p: config_key(v, corpus.fingerprint, parts) for p, v in variants.items()}
-    mlps = {p: model_key(v, corpus.fingerprint) for p, v in variants.items()} if own else {}  # the trained model's
+    models = {p: model_key(v, corpus.fingerprint) for p, v in variants.items()} if own else {}  # the trained model's
     with contextlib.ExitStack() as held:  # every key auto may take, in one order: two jobs never wait on each other
-        for mlp in sorted(set(mlps.values())):
-            held.enter_context(mlp_lock(mlp))
+        for model in sorted(set(models.values())):
+            held.enter_context(model_lock(model))
         for key in sorted(set(keys.values())):
             held.enter_context(config_lock(key))
-        cfg.trainer.precision, precision_tags = settle_precision(cfg, keys, mlps, training)
-        key, mlp = keys[cfg.trainer.precision], mlps.get(cfg.trainer.precision)
+        cfg.trainer.precision, precision_tags = settle_precision(cfg, keys, models, training)
+        key, model = keys[cfg.trainer.precision], models.get(cfg.trainer.precision)
         for other in set(keys.values()) - {key}:  # a run of this job under the precision it did not take
             end_orphans(uri, experiment, other)
         former = former_key(cfg, needed, corpus.fingerprint) if needed and not cfg.rerun else None
@@ -178,18 +180,18 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
         found = found or (former and find_finished(uri, experiment, config_key=former))
         if found:
             return reuse(cfg, found)
-        made = None if cfg.rerun or not mlp else find_finished(uri, experiment, model_key=mlp)
+        made = None if cfg.rerun or not model else find_finished(uri, experiment, model_key=model)
         if made:
             return adopt(cfg, corpus, key, made)
         return record(cfg, corpus, key, precision_tags, bases)
 
 
 def settle_precision(
-    cfg: DictConfig, keys: dict[str, str], mlps: dict[str, str], training: Training | None
+    cfg: DictConfig, keys: dict[str, str], models: dict[str, str], training: Training | None
 ) -> tuple[str, dict[str, str]]:
     """The precision this job computes in, and its tags. With `auto`, a run of this job may already have resolved it
-    (`keys`, `mlps`: each precision's config_key and model_key): its newest FINISHED run, else its resumable run, else
-    the finished MLP it would adopt or mix, in that order; the job takes that run's precision, so that it skips,
+    (`keys`, `models`: each precision's config_key and model_key): its newest FINISHED run, else its resumable run, else
+    the finished model it would adopt or mix, in that order; the job takes that run's precision, so that it skips,
     resumes or adopts that run instead of training anew in the other (the probe measures with the machine's load,
     and a fresh cache measures again). Only when no run has resolved it does the probe choose (`job_precision`)."""
     if len(keys) > 1 and not cfg.rerun:
@@ -197,7 +199,7 @@ def settle_precision(
         looks = [
             ("config_key", keys, lambda runs: [r for r in runs if r.info.status == "FINISHED"]),
             ("config_key", keys, lambda runs: [r for r in runs[:1] if last_checkpoint(r)]),
-            ("model_key", mlps, lambda runs: [r for r in runs if r.info.status == "FINISHED"]),
+            ("model_key", models, lambda runs: [r for r in runs if r.info.status == "FINISHED"]),
         ]
         for tag, by_precision, usable in looks:
             found = [
@@ -233,7 +235,7 @@ COMPUTED_PREFIXES = ("version.", "cpu_", "precision.")
 
 
 def adopt(cfg: DictConfig, corpus: Corpus, key: str, made: str) -> tuple[str, dict[str, float]]:
-    """This job's MLP was already trained by a job of another study (same model_key): record it as a run of this
+    """This job's model was already trained by a job of another study (same model_key): record it as a run of this
     study without training it again. The new run has this job's config and tags, the trained run's metrics (with
     their per-epoch histories), its kept scores and its tags of where it computed, and the tag `adopted_from`."""
     client = mlflow.MlflowClient(cfg.tracking.uri)
@@ -241,7 +243,7 @@ def adopt(cfg: DictConfig, corpus: Corpus, key: str, made: str) -> tuple[str, di
     if "adopted_from" in source.data.tags:  # adopted itself: adopt the run that trained it
         made = source.data.tags["adopted_from"]
         source = client.get_run(made)
-    log.info("adopted: run %s (study %s) trained this MLP already", made, source.data.tags.get("study", "none"))
+    log.info("adopted: run %s (study %s) trained this model already", made, source.data.tags.get("study", "none"))
     scores = base_scores(cfg.tracking.uri, made, corpus)
     computed = {k: v for k, v in source.data.tags.items() if k in COMPUTED_TAGS or k.startswith(COMPUTED_PREFIXES)}
     logger = open_run(cfg, corpus, config_key=key, adopted_from=made)
@@ -289,7 +291,7 @@ def record(
     `component_runs`, found before its key, which holds their config_keys).
 
     The caller holds the config's lock, so a run of this config still RUNNING has lost its process (`kill -9`,
-    out of memory). An MLP whose last run of this config was killed (KILLED, or such a RUNNING one) continues
+    out of memory). A trained model whose last run of this config was killed (KILLED, or such a RUNNING one) continues
     from that run's last checkpoint, in that run, unless `rerun=true`; other RUNNING runs of the config are
     marked KILLED, or the report would show them running forever. A failed run gets the tag `error` and
     error.txt.

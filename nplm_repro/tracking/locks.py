@@ -1,7 +1,7 @@
 """File locks that let any number of commands share a store and a cache.
 
 `store_lock`: held while MLflow opens (creates, migrates) an embedded SQLite store.
-`mlp_lock`: two jobs of the same trained model (one model_key) in two studies may run at the same time; whichever
+`model_lock`: two jobs of the same trained model (one model_key) in two studies may run at the same time; whichever
 comes second waits for the first to finish training, then adopts its run instead of training the same model again.
 `config_lock`: held by the job recording a run of a config_key, so a RUNNING run of that key found by the
 lock's holder has lost its process (kill -9, out of memory, a lost machine).
@@ -19,6 +19,7 @@ from filelock import FileLock, Timeout
 
 from nplm_repro.cache import cache_dir
 from nplm_repro.errors import NplmError
+from nplm_repro.migrations import MODEL_LOCK
 from nplm_repro.progress import report_status
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,9 @@ def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
 RUN_LOCK = "run-"  # a config_key's lock file: run-<key>.lock
 
 
-def mlp_lock(key: str) -> contextlib.AbstractContextManager[None]:
-    """Hold the lock of the MLP with this model_key while training or looking for its finished run."""
-    return _hold(f"mlp-{key}", f"training the MLP with model_key {key}")
+def model_lock(key: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of the trained model with this model_key while training or looking for its finished run."""
+    return _hold(f"{MODEL_LOCK}{key}", f"training the model with model_key {key}")
 
 
 def recording(key: str) -> bool:

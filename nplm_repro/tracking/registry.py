@@ -22,10 +22,11 @@ import mlflow
 import pandas as pd
 
 from nplm_repro.errors import NplmError
+from nplm_repro.migrations import CHECKPOINT_BEFORE_MODELS
 from nplm_repro.tracking.best import ranked_runs
 from nplm_repro.tracking.kept import download
 from nplm_repro.tracking.runs import study_runs
-from nplm_repro.tracking.scoring import CHECKPOINT, RunScorer, has_weights
+from nplm_repro.tracking.scoring import RunScorer, has_weights
 from nplm_repro.tracking.served import log_model, model_of
 from nplm_repro.tracking.store import tracking_at
 
@@ -80,9 +81,9 @@ def register_best(
     if model is None:  # a run from before runs logged a Model: its checkpoint becomes one
         scorer = RunScorer(uri, source)
         with tempfile.TemporaryDirectory() as into:
-            checkpoint = Path(download(client, source, CHECKPOINT, into))
+            checkpoint = Path(download(client, source, CHECKPOINT_BEFORE_MODELS, into))
             model = log_model(client, source, checkpoint, scorer.corpus, scorer.cfg.data, scorer.cfg.model._target_)
-        log.info("registry: run %s had no Model: logged one from its %s", source, CHECKPOINT)
+        log.info("registry: run %s had no Model: logged one from its %s", source, CHECKPOINT_BEFORE_MODELS)
     name = registered_name(experiment, study)
     if client.search_registered_models(f"name = '{name}'"):
         holding = [  # the store may not fill in model_id

@@ -6,7 +6,8 @@ Which runs: a run belongs to the study its `study` tag names; without one, to th
 when its `row` tag names a row of that table and its model has the row's columns (n, c, h, m, direct, mix),
 else to `adhoc`. Only runs of one data fingerprint are reported (the newest run's, unless one is named).
 Runs of one configuration (the config less seed and bookkeeping) are averaged over seeds, taking the newest
-FINISHED run of each seed. Torch-free: the report reads it.
+FINISHED run of each seed. A run from before a tag is read as if it had it (nplm_repro/migrations.py
+`upgrade_runs`). Torch-free: the report reads it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pandas as pd
 
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError
+from nplm_repro.migrations import DEFAULTS_BEFORE, FAMILY_IDS, upgrade_runs
 from nplm_repro.paper import (
     COLUMNS,
     FAMILY_NAMES,
@@ -32,20 +34,11 @@ from nplm_repro.paper import (
     paper_table,
     row_key,
 )
-from nplm_repro.tracking.keys import BOOKKEEPING, FAMILY_IDS, IMPLIED, without_unused
+from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, without_unused
 from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.stops import stopped_by
 from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
 
-# Runs from before the tag `family`: their class's name, wherever it lived then.
-FAMILIES = {path.rsplit(".", 1)[-1]: family for family, path in FAMILY_IDS.items()}
-# Runs from before the tags `family_kind`, `family_label` and `family_colour` (a family's `tags`,
-# nplm_repro/family.py): what their family would have said (kind and colour; the label is the paper's name,
-# FAMILY_NAMES); the n-grams were counted, and an MLP with `model.mix` other than none was mixed.
-BEFORE_TAGS = {"mlp": ("trained", "C0")}
-COUNTED_BEFORE = ("counted", "C1")
-# Knobs a family gained after its first runs: the value those runs had without them.
-DEFAULTS_BEFORE = {"mlp": {"model.mix": "none", "model.features": "learned", "model.output": "standard"}}
 # What a result depends on: a counted or mixed row, the data and the model's knobs; a trained one, its training too.
 # The data itself is pinned by the fingerprint; tracking.* and the row name are labels, not configuration.
 TRAINED_GROUPS = ("data.", "model.", "optim.", "trainer.", "callbacks.")
@@ -97,11 +90,6 @@ def read_runs(uri: str, experiment: str) -> pd.DataFrame:
     return runs
 
 
-def run_family(family_tag: str | None, target: str | None) -> str:
-    """A run's family: its tag `family`, else (a run from before that tag) its class's name, wherever it lived."""
-    return family_tag or FAMILIES.get((target or "").rsplit(".", 1)[-1], target or "")
-
-
 def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
     groups = OTHER_GROUPS if kind == "counted" else TRAINED_GROUPS
     config = {
@@ -122,16 +110,6 @@ def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
     return dict(sorted((DEFAULTS_BEFORE.get(family, {}) | implied | config).items()))
 
 
-def _kind(run: pd.Series, family: str) -> tuple[str, str, str]:
-    """(kind, label, colour) of a run's family: its tags, or what its family said before it tagged them."""
-    kind, label, colour = (_text(run.get(f"tags.family_{k}")) for k in ("kind", "label", "colour"))
-    before_kind, before_colour = BEFORE_TAGS.get(family, COUNTED_BEFORE)
-    if not kind:
-        mixed = _text(run.get("params.model.mix")) not in ("", "none")
-        kind = "mixed" if mixed else before_kind
-    return kind, label or FAMILY_NAMES.get(family, family), colour or before_colour
-
-
 def tidy(raw: pd.DataFrame) -> pd.DataFrame:
     """One row per nplm-repro run: state, data, the paper's columns, seed, configuration and perplexities.
 
@@ -139,16 +117,14 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
     """
     parents = set(raw.get("tags.mlflow.parentRunId", pd.Series(dtype=object)).dropna())
     records = []
-    for _, run in raw.iterrows():
+    for _, run in upgrade_runs(raw).iterrows():
         get = run.get
         valid = get("metrics.valid_ppl")
         if not present(get("tags.data_fingerprint")) or (
             not present(valid) and (run["run_id"] in parents or present(get("tags.sweep")))
         ):
             continue
-        target = _text(get("params.model._target_"))
-        family = run_family(_text(get("tags.family")), target)
-        kind, label, colour = _kind(run, family)
+        family, kind = get("tags.family"), get("tags.family_kind")
         config = _config(run, family, kind)
         status = run["status"]
         perplexities = {f"{split}_ppl": get(f"metrics.{split}_ppl", np.nan) for split in SPLITS}
@@ -178,8 +154,8 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "adopted_from": _text(get("tags.adopted_from")),
                 "family": family,
                 "kind": kind,
-                "family_label": label,
-                "colour": colour,
+                "family_label": _text(get("tags.family_label")) or FAMILY_NAMES.get(family, family),  # or the paper's
+                "colour": get("tags.family_colour"),
                 "n": config.get("model.n", ""),
                 "c": config.get("model.c", ""),
                 "h": config.get("model.h", ""),
@@ -197,7 +173,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "minutes": (run["end_time"] - run["start_time"]).total_seconds() / 60
                 if status == "FINISHED"
                 else np.nan,
-                "fit_minutes": get("metrics.fit_seconds", np.nan) / 60,  # an MLP's, without the time it was down
+                "fit_minutes": get("metrics.fit_seconds", np.nan) / 60,  # a trained run's, without the time it was down
                 **environment(run),
                 **perplexities,
             }

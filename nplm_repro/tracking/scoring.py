@@ -35,6 +35,7 @@ from nplm_repro.data.load import load_corpus
 from nplm_repro.data.plain import read_context, text_pieces
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Family
+from nplm_repro.migrations import CHECKPOINT_BEFORE_MODELS
 from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.scores import KEPT_SPLITS, Scores
 from nplm_repro.tracking.kept import artifacts, download, kept_scores
@@ -43,7 +44,6 @@ from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.served import model_of
 from nplm_repro.tracking.store import store_error, tracking_at
 
-CHECKPOINT = "checkpoints/best.ckpt"  # where runs kept their weights before they logged a Model
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # what MLflow's stores name a run: uuid4().hex
 T = TypeVar("T")
 
@@ -56,8 +56,8 @@ def check_run_id(run_id: str) -> None:
 
 
 def has_weights(client: mlflow.MlflowClient, run_id: str) -> bool:
-    """Whether an MLP run's weights can be loaded: its Model, or the checkpoint of a run from before Models."""
-    return model_of(client, run_id) is not None or CHECKPOINT in artifacts(client, run_id, "checkpoints")
+    """Whether a trained run's weights can be loaded: its Model, or the checkpoint of a run from before Models."""
+    return model_of(client, run_id) is not None or CHECKPOINT_BEFORE_MODELS in artifacts(client, run_id, "checkpoints")
 
 
 TEXT = "text"  # the span a user's text takes in the corpus built around it
@@ -223,14 +223,14 @@ class RunScorer:
         if self._module is None:
             source = self.run.data.tags.get("adopted_from", self.run_id)
             model = model_of(self.client, source)
-            if model is None and CHECKPOINT not in artifacts(self.client, source, "checkpoints"):
+            if model is None and CHECKPOINT_BEFORE_MODELS not in artifacts(self.client, source, "checkpoints"):
                 raise NplmError(
-                    f"run {source} has no weights, neither a Model nor {CHECKPOINT} (it stopped before its first "
-                    "validation, or they were deleted)"
+                    f"run {source} has no weights, neither a Model nor {CHECKPOINT_BEFORE_MODELS} (it stopped before "
+                    "its first validation, or they were deleted)"
                 )
             with tempfile.TemporaryDirectory() as into:
                 if model is None:
-                    path = download(self.client, source, CHECKPOINT, into)
+                    path = download(self.client, source, CHECKPOINT_BEFORE_MODELS, into)
                 else:
                     with tracking_at(self.uri):  # models:/ resolves through the global tracking URI
                         folder = mlflow.artifacts.download_artifacts(f"models:/{model}", dst_path=into)

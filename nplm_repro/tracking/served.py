@@ -1,4 +1,4 @@
-"""Every trained MLP run as an MLflow Model (MLflow 3's logged model, linked to its run): a pyfunc that answers
+"""Every trained run as an MLflow Model (MLflow 3's logged model, linked to its run): a pyfunc that answers
 the next-word distribution of a context, loadable with `mlflow.pyfunc.load_model("runs:/<run id>/model")`,
 registrable, and servable with `mlflow models serve`.
 
@@ -36,11 +36,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.data.corpus import UNK, Corpus
 from nplm_repro.errors import NplmError
+from nplm_repro.migrations import upgrade_reading
 
 MODEL = "model"  # the logged model's name: runs:/<run id>/model
 WEIGHTS = "weights"  # the artifact key of the checkpoint inside the Model
 READING = "reading"  # the artifact key of the vocabulary, the reader settings and the module's class
-BEFORE_FAMILIES = "nplm_repro.models.lightning_module.NPLMModule"  # the class of Models that do not name theirs
 EXAMPLE = pd.DataFrame(
     {"context": ["The Fulton County Grand Jury said Friday that an investigation of"], "next_word": ["the"]}
 )
@@ -58,8 +58,8 @@ class NextWords(mlflow.pyfunc.PythonModel):
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
         from hydra.utils import get_class
 
-        reading = json.loads(Path(context.artifacts[READING]).read_text())
-        module = get_class(reading.get("module", BEFORE_FAMILIES))
+        reading = upgrade_reading(json.loads(Path(context.artifacts[READING]).read_text()))
+        module = get_class(reading["module"])
         self.module = module.load_from_checkpoint(context.artifacts[WEIGHTS], map_location="cpu").eval()
         self.vocab: list[str] = reading["vocab"]
         self.data = OmegaConf.create(reading["data"])
