@@ -213,7 +213,7 @@ def bench(cfg: DictConfig) -> None:
     if skipped := what - set(probe.bench_lines) - {"ngram"}:  # the n-gram lines need no family
         log.info("bench.what: no %s line for the %s (nplm-bench's doc)", ", ".join(sorted(skipped)), probe.label)
         what -= skipped
-    tokens = next(iter(probe.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)))[1].numel()
+    tokens = next(iter(probe.reads.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)))[1].numel()
     unused = {"_target_", "mix", "output", "classes", "class_method"}
     shape = {"family": probe.family, **{k: v for k, v in cfg.model.items() if k not in unused}}
     shape |= {"vocab_size": corpus.vocab_size, "tokens_per_step": tokens}

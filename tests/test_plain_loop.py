@@ -44,12 +44,12 @@ def test_the_plain_loop_leaves_the_weights_of_the_modules_step(
         enable_model_summary=False,
     )
     torch.manual_seed(1)
-    trainer.fit(module, module.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed))
+    trainer.fit(module, module.reads.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed))
     stepped = module.state_dict()  # every row brought up to date (lazy decay)
 
     plain = build_module(cfg, corpus)
     plain.load_state_dict(start)
-    batches = plain.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
+    batches = plain.reads.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
     loop = plain.plain_loop("32-true", batches)
     torch.manual_seed(1)
     for _, (context, target) in zip(range(STEPS), batches, strict=False):  # 31 batches an epoch: one epoch's first 20

@@ -123,7 +123,7 @@ def three_steps(module: LanguageModule, corpus: Corpus, **trainer: Any) -> None:
         enable_progress_bar=False,
         limit_val_batches=0,
         **trainer,
-    ).fit(module, module.batches(corpus, "train", 4, shuffle=True, seed=1))
+    ).fit(module, module.reads.batches(corpus, "train", 4, shuffle=True, seed=1))
 
 
 @pytest.mark.parametrize("experiment", ["lstm", "transformer"])

@@ -1,6 +1,7 @@
-"""A user's text read as a run reads its corpus (nplm_repro/data/plain.py): plain text cut as Brown is cut, checked
-on Brown itself by a round trip (Brown's texts written out as plain text and cut again); Brown's own word/TAG
-format and whitespace-separated tokens read as they are; a text corpus's run keeps its own reader."""
+"""A user's text read as a run reads its corpus (nplm_repro/data/plain.py): plain text cut as Brown is cut
+(brown_plain.py), checked on Brown itself by a round trip (Brown's texts written out as plain text and cut again);
+Brown's own word/TAG format and whitespace-separated tokens read as they are; a text corpus's run keeps its own
+reader."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ import pytest
 from helpers import CONF, composed
 from omegaconf import OmegaConf
 
+from nplm_repro.data import brown_plain
 from nplm_repro.data import plain as plain_text
 from nplm_repro.data.brown import read_brown
+from nplm_repro.data.brown_plain import BROWN_FORMS, brown_forms, brown_words
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT
-from nplm_repro.data.plain import BROWN_FORMS, brown_forms, brown_words, read_text, text_pieces
+from nplm_repro.data.plain import read_text, text_pieces
 from nplm_repro.data.text import drop_invisible
 from nplm_repro.errors import NplmError
 
@@ -83,7 +86,7 @@ def test_invisible_characters_are_no_tokens(data: Any, tokenized: bool) -> None:
 
 
 def test_the_forms_kept_whole_are_what_brown_gives(brown_path: Path) -> None:
-    """brown_forms.py is derived from Brown, not written by hand (`python -m nplm_repro.data.plain` writes it)."""
+    """brown_forms.py is derived from Brown, not written by hand (`python -m nplm_repro.data.brown_plain` writes it)."""
     assert brown_forms(read_brown(brown_path)[0]) == BROWN_FORMS
     assert {"Mr.", "etc.", "'em", "goin'"} <= BROWN_FORMS and not {"in.", "no."} & BROWN_FORMS
 
@@ -185,7 +188,7 @@ def test_a_long_line_is_cut_in_pieces_each_scanned_within_the_time_limit(monkeyp
     line = 'The jury said "it was Mr. Smith\'s 50% of $1,000." ' * 40_000  # 2 MB, no blank line, no newline
     data = composed().data
     whole = brown_words(line)
-    piece = line[: plain_text.PIECE]
+    piece = line[: brown_plain.PIECE]
     scans = []
     for _ in range(3):
         started = time.perf_counter()

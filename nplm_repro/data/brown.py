@@ -82,7 +82,7 @@ def _words(line: str) -> list[str]:
 
 def brown_text(text: str) -> tuple[list[str], Counter]:
     """One text as Brown's stream has it: its paragraphs' words, `<eop>` after each, `<eot>` at its end; and what
-    was counted (paragraphs, words). Also how a user's text in Brown's word/TAG format is read (plain.py)."""
+    was counted (paragraphs, words). Also how a user's text in Brown's word/TAG format is read (brown_plain.py)."""
     tokens: list[str] = []
     counted: Counter = Counter()
     for paragraph in split_paragraphs(text.splitlines(), _words):

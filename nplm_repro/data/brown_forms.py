@@ -1,5 +1,5 @@
-"""Brown's words that keep a dot or an apostrophe at their edge (plain.py says why), written by
-`python -m nplm_repro.data.plain brown.zip` from Brown's stream; tests/test_tokenize.py checks them."""
+"""Brown's words that keep a dot or an apostrophe at their edge (brown_plain.py says why), written by
+`python -m nplm_repro.data.brown_plain brown.zip` from Brown's stream; tests/test_tokenize.py checks them."""
 
 FORMS = """
 'bout 'cept 'ello 'em 'emselves 'fess 'fore 'im 'low 'mon 'most 'nother 'nough 'nuff 'pache 'round 'scuse 'stead

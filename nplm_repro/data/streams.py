@@ -14,11 +14,15 @@ recurrent state starts at zero at the split's start, a Transformer's window hold
 - `Sliding`: a Transformer's evaluation. Windows of `length` tokens move by `stride`; each scores only the tokens
   the windows before it did not, so every token is scored exactly once with at least `length - stride` tokens of
   context, or all of the split before it when that is less.
+
+`StreamReading` is what a stream model reads of a split (its family's `reads`): the LSTM's rows or the Transformer's
+windows, and how long.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -136,3 +140,26 @@ class Sliding(StreamBatches):
             scored = index >= done[at : at + self.rows, None]
             index = index.to(self.inputs.device)
             yield self.inputs[index], self.targets[index], scored.to(self.inputs.device)
+
+
+@dataclass(frozen=True)
+class StreamReading:
+    """A split as a stream model reads it, `bptt` (the LSTM's rows, a recurrent state carried across batches) or
+    windows (the Transformer's), `length` tokens long."""
+
+    length: int
+    bptt: bool
+
+    def batches(
+        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
+    ) -> StreamBatches:
+        """For training (`shuffle`), `batch_size` rows of `length` tokens; for evaluation, about `batch_size` tokens a
+        batch (data.eval_batch_size), in order: one row of bptt walked `batch_size` steps at a time, or sliding windows
+        of `length` with stride length / 2."""
+        inputs, targets = inputs_targets(corpus, split)
+        length = self.length
+        if self.bptt:
+            return Bptt(inputs, targets, batch_size, length) if shuffle else Bptt(inputs, targets, 1, batch_size)
+        if shuffle:
+            return Chunks(inputs, targets, batch_size, length, seed)
+        return Sliding(inputs, targets, max(batch_size // length, 1), length, max(length // 2, 1))

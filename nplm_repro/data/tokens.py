@@ -27,3 +27,11 @@ def split_paragraphs(lines: Iterable[str], words: Callable[[str], list[Word]]) -
     if current:
         found.append(current)
     return found
+
+
+def marked(paragraphs: Iterable[list[str]], marks: bool) -> list[str]:
+    """Paragraphs as a stream: `<eop>` after each (where `marks`: where the corpus marks them), `<eot>` at the end."""
+    tokens: list[str] = []
+    for paragraph in paragraphs:
+        tokens += [*paragraph, END_OF_PARAGRAPH] if marks else paragraph
+    return [*tokens, END_OF_TEXT]

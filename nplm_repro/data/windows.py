@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -91,3 +92,16 @@ def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = 
     start, end = corpus.bounds[split]
     rows = windows(corpus.ids, start, end, n, pad_id=corpus.vocab.index(END_OF_TEXT))
     return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed, shard=shuffle)
+
+
+@dataclass(frozen=True)
+class NgramWindows:
+    """What eq. (1) reads of a split (its family's `reads`): windows of `n` words, whose batches data/module.py's
+    CorpusData builds."""
+
+    n: int
+
+    def batches(
+        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
+    ) -> WindowBatches:
+        return loader(corpus, split, self.n, batch_size, shuffle=shuffle, seed=seed)

@@ -26,6 +26,7 @@ import torch
 
 from nplm_repro.data.clustering import OUTPUT_METHODS, output_classes
 from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.module import Reading
 from nplm_repro.data.splits import SPLITS, Sizes
 from nplm_repro.data.streams import StreamBatches
 from nplm_repro.data.windows import WindowBatches
@@ -92,7 +93,7 @@ class LanguageModule(L.LightningModule, Family):
     contract (nplm_repro/family.py).
 
     Shared: exact evaluation (every token of a split once, the float32 softmax, per-token terms summed in float64),
-    the training loss's bookkeeping and tokens/s. Asked, so that no caller names a family: `batches` (what the
+    the training loss's bookkeeping and tokens/s. Asked, so that no caller names a family: `reads` (what the
     model reads of a split), `next_logprobs` (the next word's distribution after contexts, for generation and the
     MLflow Model), `context_needed` and `word_features` (the input embedding, for the features artifacts).
     Its output layer is asked too (models/outputs.py): a subclass defines `head` (what the layer reads of a batch),
@@ -160,7 +161,10 @@ class LanguageModule(L.LightningModule, Family):
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
         return score_splits(run.cfg, run.model(), tokens.corpus, [tokens.span])[tokens.span]
 
-    def batches(self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> Any:
+    @property
+    def reads(self) -> Reading:
+        """What it reads of a split (eq. (1): n-word windows; a stream model: rows or windows of the stream), whose
+        batches data/module.py's CorpusData makes."""
         raise NotImplementedError
 
     def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from nplm_repro.data.corpus import Corpus
-from nplm_repro.data.windows import WindowBatches, loader
+from nplm_repro.data.windows import NgramWindows, WindowBatches
 from nplm_repro.errors import NplmError
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.language_module import LanguageModule, word_classes
@@ -142,11 +142,10 @@ class NPLMModule(LanguageModule):
         with self._float32():
             return self.layer.log_probs(self.head((context, None), training=False))
 
-    def batches(
-        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
-    ) -> WindowBatches:
+    @property
+    def reads(self) -> NgramWindows:
         """Eq. (1) reads windows of n words (data/windows.py)."""
-        return loader(corpus, split, self.model.n, batch_size, shuffle=shuffle, seed=seed)
+        return NgramWindows(self.model.n)
 
     def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
         need = self.context_needed

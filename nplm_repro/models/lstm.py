@@ -26,10 +26,9 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from nplm_repro.data.corpus import Corpus
-from nplm_repro.data.streams import StreamBatches
+from nplm_repro.data.streams import StreamReading
 from nplm_repro.models import dropout as drop
-from nplm_repro.models.sequence import SequenceModule, stream_loader
+from nplm_repro.models.sequence import SequenceModule
 from nplm_repro.rules import Rule, at_least, flag, number, optional
 
 State = tuple[torch.Tensor, torch.Tensor]
@@ -141,10 +140,10 @@ class LSTMModule(SequenceModule):
     def carry(self, state: list[State]) -> list[State]:
         return [(h.detach(), c.detach()) for h, c in state]
 
-    def batches(
-        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
-    ) -> StreamBatches:
-        return stream_loader(corpus, split, batch_size, self.bptt, shuffle, seed, "bptt")
+    @property
+    def reads(self) -> StreamReading:
+        """Rows of the stream walked `bptt` steps at a time (data/streams.py's `Bptt`)."""
+        return StreamReading(self.bptt, bptt=True)
 
 
 def _one_module_a_layer(state_dict: dict[str, torch.Tensor], prefix: str, *args: object) -> None:

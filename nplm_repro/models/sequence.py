@@ -31,7 +31,7 @@ from lightning.pytorch.callbacks import Timer
 from torch import nn
 
 from nplm_repro.data.corpus import Corpus
-from nplm_repro.data.streams import Batch, Bptt, Chunks, Sliding, StreamBatches, inputs_targets
+from nplm_repro.data.streams import Batch, StreamBatches
 from nplm_repro.errors import NplmError
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.outputs import Head, outputs_for
@@ -124,7 +124,7 @@ class SequenceModule(LanguageModule):
         # sampled: O tied to the input embedding gets dense gradients from both, so its rows' gradients are dense
         return Head(target, self.b, lambda sparse: [(rows, weight)], previous=previous, sparse=False)
 
-    # -- the interface callers ask (LanguageModule; `batches` is the network's: its stream_loader's length and kind) --
+    # -- the interface callers ask (LanguageModule; `reads` is the network's: its StreamReading's length and kind) --
     def word_features(self) -> torch.Tensor:
         return self.embedding.weight.detach()
 
@@ -215,17 +215,3 @@ class SequenceModule(LanguageModule):
     def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if batch_idx == 0:
             self._eval_state = None
-
-
-def stream_loader(
-    corpus: Corpus, split: str, batch_size: int, length: int, shuffle: bool, seed: int, kind: str
-) -> StreamBatches:
-    """A split as `kind` reads it (bptt or windows): for training (`shuffle`), `batch_size` rows of `length` tokens;
-    for evaluation, about `batch_size` tokens a batch (data.eval_batch_size), in order: one row of bptt walked
-    `batch_size` steps at a time, or sliding windows of `length` with stride length / 2."""
-    inputs, targets = inputs_targets(corpus, split)
-    if kind == "bptt":
-        return Bptt(inputs, targets, batch_size, length) if shuffle else Bptt(inputs, targets, 1, batch_size)
-    if shuffle:
-        return Chunks(inputs, targets, batch_size, length, seed)
-    return Sliding(inputs, targets, max(batch_size // length, 1), length, max(length // 2, 1))

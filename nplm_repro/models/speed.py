@@ -16,6 +16,7 @@ from torch import nn
 
 from nplm_repro.clock import Clock
 from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.module import CorpusData
 from nplm_repro.data.windows import loader
 from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.training import build_module
@@ -114,7 +115,7 @@ def plain_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[s
     """Training tokens/s of the family's step as the simplest loop that computes the same (its `plain_loop`: no
     Lightning, no optimiser object), on the MLP's device, over the same shuffled batches, after the warm-up."""
     module = build_module(cfg, corpus).to(device_of(cfg))
-    batches = module.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
+    batches = module.reads.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
     loop = module.plain_loop(precision, batches)
     batches.to(module.device)
     clock, done, epoch = step_clock(cfg, cfg.bench.warmup), False, 0
@@ -212,7 +213,7 @@ def _fit(cfg: DictConfig, corpus: Corpus, precision: str, callback: Callback) ->
         enable_model_summary=False,
     )
     batch = cfg.optim.batch_size
-    trainer.fit(module, module.batches(corpus, "train", batch, True, cfg.seed), module.batches(corpus, "valid", batch))
+    trainer.fit(module, datamodule=CorpusData(corpus, module.reads, batch, batch, cfg.seed))
     return module
 
 
@@ -240,5 +241,6 @@ def validate(cfg: DictConfig, module: LanguageModule, corpus: Corpus) -> float:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    (metrics,) = trainer.validate(module, module.batches(corpus, "valid", cfg.data.eval_batch_size), verbose=False)
+    batch = cfg.data.eval_batch_size
+    (metrics,) = trainer.validate(module, datamodule=CorpusData(corpus, module.reads, batch, batch), verbose=False)
     return metrics["valid_ppl_epoch"]

@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig
 
 from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.module import CorpusData
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import raise_if_signalled
 from nplm_repro.progress import report_status
@@ -204,24 +205,25 @@ def one_device(trainer: DictConfig) -> dict[str, Any]:
 def train_neural(
     cfg: DictConfig, corpus: Corpus, logger: Logger, resume_from: Path | None = None
 ) -> tuple[dict[str, float], Scores]:
-    """Train eq. (1) (or continue from checkpoint `resume_from`), keep the best-validation checkpoint (`best_checkpoint`;
-    the ledger logs it as the run's Model), score every split with it (the weights as they are when no validation ran: a run stopped by max_steps before its first);
-    returns the metrics and the kept scores of valid and test, from that one evaluation."""
-    eval_batch = cfg.data.eval_batch_size
+    """Train eq. (1) (or continue from checkpoint `resume_from`), keep the best-validation checkpoint
+    (`best_checkpoint`; the ledger logs it as the run's Model), score every split with it (the weights as they are
+    when no validation ran: a run stopped by max_steps before its first); returns the metrics and the kept scores of
+    valid and test, from that one evaluation. The batches are the family's reading of the corpus (`reads`), made by
+    one CorpusData (data/module.py) for the fit and the test."""
     module = build_module(cfg, corpus)
+    scored = [s for s in SPLITS if s in module.evaluated]
+    data = CorpusData(corpus, module.reads, cfg.optim.batch_size, cfg.data.eval_batch_size, cfg.seed, scored)
     keep = KeptScores()
-    train = module.batches(corpus, "train", cfg.optim.batch_size, shuffle=True, seed=cfg.seed)
-    valid = module.batches(corpus, "valid", eval_batch)
+    train, valid = data.train_dataloader(), data.val_dataloader()
     settings = at_least_one_batch(cfg.trainer, limit_train_batches=train, limit_val_batches=valid)
     trainer = L.Trainer(**settings, logger=logger, callbacks=[*fit_callbacks(cfg), keep])
-    trainer.fit(module, train_dataloaders=train, val_dataloaders=valid, ckpt_path=resume_from)
+    trainer.fit(module, datamodule=data, ckpt_path=resume_from)
     # the report's costs, read before `test` restores the best checkpoint (and with it the Timer's past time):
     # epochs trained and seconds in fit (training and validation), across resumes
     timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
     cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
-    scored = [s for s in SPLITS if s in module.evaluated]
     module.score_as(scored)
     keep.expect({scored.index(s): corpus.size(s) for s in KEPT_SPLITS})
     # scored in this process on one device: processes spawned for several devices would keep the scores
@@ -231,7 +233,7 @@ def train_neural(
             **one_device(cfg.trainer), logger=logger, enable_checkpointing=False, callbacks=[keep, Signalled()]
         )
     start = time.perf_counter()
-    tester.test(module, [module.batches(corpus, s, eval_batch) for s in scored], ckpt_path=best or None, verbose=False)
+    tester.test(module, datamodule=data, ckpt_path=best or None, verbose=False)
     cost["score_seconds"] = time.perf_counter() - start
     metrics = {k: float(v) for k, v in tester.callback_metrics.items() if k.endswith(("_ppl", "_tokens"))}
     logger.log_metrics(cost)
@@ -250,8 +252,8 @@ def score_splits(
     trainer = L.Trainer(**settings, logger=False, enable_checkpointing=False, callbacks=[keep, Signalled()])
     keep.expect({i: corpus.size(s) for i, s in enumerate(splits)})
     module.score_as(splits)
-    batches = [module.batches(corpus, s, cfg.data.eval_batch_size) for s in splits]
-    trainer.test(module, batches, verbose=False)
+    batch = cfg.data.eval_batch_size  # nothing is trained: the training batch's size is never read
+    trainer.test(module, datamodule=CorpusData(corpus, module.reads, batch, batch, scored=splits), verbose=False)
     return {s: keep.kept(i).numpy() for i, s in enumerate(splits)}
 
 

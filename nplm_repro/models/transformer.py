@@ -19,11 +19,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import Sizes
-from nplm_repro.data.streams import StreamBatches
+from nplm_repro.data.streams import StreamReading
 from nplm_repro.errors import NplmError
-from nplm_repro.models.sequence import SequenceModule, stream_loader
+from nplm_repro.models.sequence import SequenceModule
 from nplm_repro.rules import Rule, at_least, number, optional
 
 
@@ -126,7 +125,7 @@ class TransformerModule(SequenceModule):
     def window(self, ids: list[int]) -> list[int]:
         return ids[-self.context :]
 
-    def batches(
-        self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
-    ) -> StreamBatches:
-        return stream_loader(corpus, split, batch_size, self.context, shuffle, seed, "windows")
+    @property
+    def reads(self) -> StreamReading:
+        """Windows of `context` tokens (data/streams.py's `Chunks` to train, `Sliding` to score)."""
+        return StreamReading(self.context, bptt=False)

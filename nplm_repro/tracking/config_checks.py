@@ -10,13 +10,10 @@ from __future__ import annotations
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.data.brown import find_brown
-from nplm_repro.data.files import open_zip
-from nplm_repro.data.load import CORPORA
+from nplm_repro.data.load import CORPORA, KINDS, corpus_kind
 from nplm_repro.data.splits import Sizes
-from nplm_repro.data.text import source_path
 from nplm_repro.errors import NplmError
-from nplm_repro.rules import Rule, at_least, flag, lines, one_of, optional, text
+from nplm_repro.rules import Rule, at_least, one_of, optional
 
 SEED_MAX = 2**32 - 1
 
@@ -34,24 +31,6 @@ COMMON: dict[str, Rule] = {
     "rerun": (lambda v: isinstance(v, bool), "true or false"),
     "threads": optional(at_least(1)),
 }
-BROWN: dict[str, Rule] = {"data.split.train": at_least(1), "data.split.valid": at_least(1)}
-TEXT: dict[str, Rule] = {  # conf/data/text.yaml, ap.yaml
-    "data.path": text("a UTF-8 text file, a directory of them or a zip"),
-    "data.members": optional(text("a file-name prefix")),
-    "data.encoding": text("an encoding name (utf-8, latin-1, ...)"),
-    "data.tags": ((lambda v: v == "auto" or isinstance(v, bool)), "auto, true or false"),
-    "data.paragraphs": flag(),
-    "data.drop_lines": lines(),
-    "data.numbers": flag(),
-    "data.proper_nouns": flag(),
-    "data.lowercase": flag(),
-    "data.vocab_size": optional(at_least(2)),
-    "data.split.train": optional(at_least(1)),
-    "data.split.valid": optional(at_least(1)),
-    "data.split.valid_path": optional(text("a file, directory or zip")),
-    "data.split.test_path": optional(text("a file, directory or zip")),
-}
-CORPUS_RULES = {"brown": BROWN, "text": TEXT, "ap": TEXT}
 
 # Lightning's fast_dev_run turns off the run's logger and checkpoints: its run would sit among the study's with
 # no perplexities (the report lists it as failed). debug=default is the quick check that is recorded apart.
@@ -65,7 +44,8 @@ def check_config(cfg: DictConfig) -> None:
     """Raise NplmError naming the first key whose value is out of range: the common rules, the corpus's, and those
     of the model's family (its class's `rules`), then the family's own checks across keys (`check`)."""
     family = get_class(cfg.model._target_)
-    rules = dict(COMMON) | CORPUS_RULES.get(cfg.data.corpus, {}) | family.rules(cfg)
+    kind = KINDS.get(cfg.data.corpus)  # an unknown one is refused by COMMON's rule
+    rules = dict(COMMON) | dict(kind.rules if kind else {}) | family.rules(cfg)
     for key, (ok, expected) in rules.items():
         value = OmegaConf.select(cfg, key)
         if not ok(value):
@@ -94,13 +74,4 @@ def check_sizes(cfg: DictConfig, sizes: Sizes) -> None:
 def check_corpus(data: DictConfig) -> None:
     """The corpus files the data config names exist (and a zip is one), as the readers will look for them: a
     typo stops here, before a store is created for a run that cannot start."""
-    if data.corpus == "brown":
-        source = find_brown(data.path)
-        if source.is_file():
-            open_zip(source).close()
-        return
-    paths = {"data.path": data.path, "data.split.valid_path": data.split.valid_path}
-    paths["data.split.test_path"] = data.split.test_path
-    for key, path in paths.items():
-        if path is not None:
-            source_path(path, key)
+    corpus_kind(data).check_files(data)

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from nplm_repro.baselines.mixture import StoredMixedRow
 from nplm_repro.baselines.ngram import split_windows
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
-from nplm_repro.data.load import load_corpus
+from nplm_repro.data.load import corpus_kind, load_corpus
 from nplm_repro.data.plain import read_context, text_pieces
 from nplm_repro.errors import NplmError
 from nplm_repro.family import Family
@@ -143,9 +143,9 @@ class RunScorer:
         """The run's data, read again; from `data_path`, else the path its config gives, else the one its dataset
         input recorded (an absolute path), and refused unless its fingerprint is the run's."""
         candidates = [data_path] if data_path else [self.cfg.data.get("path"), *self._recorded_sources()]
-        data = self.cfg.data
+        data, kind = self.cfg.data, corpus_kind(self.cfg.data)
         found = next((p for p in candidates if p and Path(p).expanduser().exists()), None)
-        if found is None and data.corpus != "brown":
+        if found is None and kind.without_path is None:
             tried = ", ".join(str(p) for p in candidates if p) or "none recorded"
             raise NplmError(f"the data of run {self.run_id} is not found (tried {tried}): pass --data-path")
         data = OmegaConf.merge(data, {"path": found}) if found else data
@@ -153,8 +153,8 @@ class RunScorer:
         expected = self.run.data.tags["data_fingerprint"]
         if corpus.fingerprint != expected:
             raise NplmError(
-                f"the data read from {found or 'Brown'} has fingerprint {corpus.fingerprint}, run {self.run_id}'s is "
-                f"{expected}: pass --data-path with the run's own corpus"
+                f"the data read from {found or kind.without_path} has fingerprint {corpus.fingerprint}, run "
+                f"{self.run_id}'s is {expected}: pass --data-path with the run's own corpus"
             )
         return corpus
 
