@@ -13,7 +13,7 @@ from nplm_repro.errors import NplmError
 def check_report_dir(report: str, named: str | None = None) -> None:
     """A study's report can go to `report`: a directory there, or one can be created there (`named`: how the error
     names it, `report=<it>` by default). Tried by creating (and removing) a directory in the nearest one that exists:
-    `os.access` tells root yes even where nothing can be created, as in /proc."""
+    `os.access` tells root yes even where nothing can be created, as in procfs."""
     named = named or f"report={report}"
     out = Path(report).absolute()
     existing = next(p for p in (out, *out.parents) if p.exists())
