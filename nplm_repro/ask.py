@@ -6,7 +6,7 @@ nplm-ask generate --row MLP9 --study brown_table1 --seed 2 --prompt "It was" --t
 nplm-ask neighbours --row MLP9 --study brown_table1 cat dog room walking
 nplm-ask features 3f2a... --log                      # a run from before runs kept them: its features/ artifacts
 
-The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py), its words read as `nplm-score --text`
+The run is rebuilt from what it recorded (nplm_repro/serving/scoring.py), its words read as `nplm-score --text`
 reads a text: the run's own reader and vocabulary. --row, --study, --seed and --experiment name a run as they do in
 nplm-score (cli.py's `run_arguments`); --run-seed, their --seed before, still works for this release, with a warning.
 """
@@ -22,9 +22,9 @@ from nplm_repro.data.corpus import END_OF_TEXT, UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import TRACEBACK
 from nplm_repro.models.use import continue_ids, nearest
-from nplm_repro.tracking import features as tracked
-from nplm_repro.tracking.features import log_features
-from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.serving import features as tracked
+from nplm_repro.serving.features import log_features
+from nplm_repro.serving.scoring import RunScorer
 
 
 def _arguments() -> argparse.Namespace:

@@ -19,8 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.errors import NplmError, one_line
 from nplm_repro.exits import errors_exit
+from nplm_repro.storage.locks import locks_dir
 from nplm_repro.tracking.config_checks import check_config, check_corpus
-from nplm_repro.tracking.locks import locks_dir
 
 
 def _raw(cfg: DictConfig, key: str) -> Any:

@@ -26,8 +26,8 @@ from nplm_repro.exits import (
     traceback_switch,
 )
 from nplm_repro.migrations import RUN_SEED_DEPRECATED, upgrade_argv, upgrade_run_seed
+from nplm_repro.storage.store import existing_store
 from nplm_repro.tracking.best import row_run
-from nplm_repro.tracking.store import existing_store
 
 # Said on Ctrl-C or SIGTERM: the ledger marks a run it was recording KILLED, and resumes it on the same command.
 INTERRUPTED = "interrupted (any run it was recording is now KILLED; the same command resumes it)"
@@ -37,7 +37,7 @@ INTERRUPTED = "interrupted (any run it was recording is now KILLED; the same com
 NOISE = {
     # Lightning's advertisement for its cloud logger
     "lightning.pytorch.utilities.rank_zero": "💡 Tip",
-    # MLflow on how our Model is saved (tracking/served.py: a class of this package, saved with its code)
+    # MLflow on how our Model is saved (serving/served.py: a class of this package, saved with its code)
     "mlflow.pyfunc": "Passing a Python object as `python_model`",
 }
 WARNINGS = (

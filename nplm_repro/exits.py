@@ -1,6 +1,6 @@
 """How a command ends: a bad key or value is one line and exit 2, any other error one line and exit 1, an interrupt
 exit 130 (`cli.py` wraps each command's main in this rule). A leaf below every layer, so that a Hydra callback (a
-sweep's in tracking/sweep.py, the output directories' in checks.py) ends the command by the same rule
+sweep's in sweeping/sweep.py, the output directories' in checks.py) ends the command by the same rule
 (`errors_exit`): Hydra would only warn of a callback's error and go on."""
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
+from hydra.utils import get_class
 
 from nplm_repro.rules import Rule
 from nplm_repro.scores import Scores
@@ -72,7 +73,7 @@ class Job(Protocol):
 
 
 class Recorded(Protocol):
-    """A recorded run rebuilt from what it recorded (tracking/scoring.py `RunScorer`), as `score_run` reads it."""
+    """A recorded run rebuilt from what it recorded (serving/scoring.py `RunScorer`), as `score_run` reads it."""
 
     run_id: str
     cfg: Any  # its config.yaml
@@ -152,3 +153,9 @@ class Family:
             "family_label": cls.label,
             "family_colour": cls.colour,
         }
+
+
+def family_of(cfg: Any) -> type[Family]:
+    """The family of the model `cfg.model` builds: the class it names, which answers this contract; imports that
+    class (every caller asks the family through this, never by name)."""
+    return get_class(cfg.model._target_)

@@ -10,9 +10,9 @@ thing it reads:
 - command lines (cli.py): a study's `-cd sweeps -cn NAME` (`upgrade_argv`), nplm-ask's `--run-seed`
   (`upgrade_run_seed`);
 - configs (train.py): classes named by the module they lived in (`upgrade_config`);
-- Models and checkpoints (tracking/served.py, scoring.py, registry.py): a Model that does not name its class
+- Models and checkpoints (serving/served.py, scoring.py, registry.py): a Model that does not name its class
   (`upgrade_reading`), weights kept as a checkpoint artifact before runs logged a Model (`CHECKPOINT_BEFORE_MODELS`);
-- lock files (tracking/locks.py): a model_key's, named when only MLPs trained (`MODEL_LOCK`).
+- lock files (storage/locks.py): a model_key's, named when only MLPs trained (`MODEL_LOCK`).
 
 Each says which stored form it reads and why it is still needed; one that no store can hold any more goes. A leaf
 (docs/layout.md): every layer may import it, and it imports no subpackage.
@@ -169,7 +169,7 @@ def upgrade_run_seed(args: argparse.Namespace) -> str:
     return "--run-seed"
 
 
-# A model_key's lock file (tracking/locks.py `model_lock`) keeps the name it had when only MLPs trained, mlp-<key>.lock:
+# A model_key's lock file (storage/locks.py `model_lock`) keeps the name it had when only MLPs trained, mlp-<key>.lock:
 # a job of an earlier version sharing the cache waits on the same file, so the two never train the same model at once
 MODEL_LOCK = "mlp-"
 
@@ -179,7 +179,7 @@ MODEL_LOCK = "mlp-"
 MOVED_CLASSES = {"nplm_repro.models.lightning_module.ProgressBar": "nplm_repro.models.training.ProgressBar"}
 # The class of a trained run's MLflow Model that does not name its own (`module`): Models were eq. (1)'s alone then
 MODULE_BEFORE_FAMILIES = "nplm_repro.models.lightning_module.NPLMModule"
-# Where runs kept their weights before they logged a Model (tracking/scoring.py and registry.py read it)
+# Where runs kept their weights before they logged a Model (serving/scoring.py and registry.py read it)
 CHECKPOINT_BEFORE_MODELS = "checkpoints/best.ckpt"
 
 
@@ -196,5 +196,5 @@ def upgrade_config(cfg: DictConfig) -> DictConfig:
 def upgrade_reading(reading: dict[str, Any]) -> dict[str, Any]:
     """A trained run's MLflow Model's reading (its artifact `reading`: vocabulary, reader settings, the module's
     class) with the class (`module`) a Model from before families did not name (`MODULE_BEFORE_FAMILIES`). Needed
-    while registries serve such Models (tracking/served.py)."""
+    while registries serve such Models (serving/served.py)."""
     return {"module": MODULE_BEFORE_FAMILIES} | reading

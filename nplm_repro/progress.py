@@ -3,7 +3,7 @@
 Jobs run in other processes (joblib's workers), and their terminals are not the user's: each job's output goes to
 its own log file. What the sweep's one progress display needs of a job (its row, its state, the epoch it trains)
 travels instead through a file named by `NPLM_JOB_STATUS`, which the sweep sets for the job
-(tracking/console.py); a job without it (a single run, another launcher) writes nothing.
+(sweeping/console.py); a job without it (a single run, another launcher) writes nothing.
 """
 
 from __future__ import annotations

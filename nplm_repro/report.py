@@ -76,7 +76,7 @@ def _main() -> None:
     for path in write(report, args.out):
         print(path)
     if args.register:
-        from nplm_repro.tracking.registry import register_best  # loads torch: a report alone never does
+        from nplm_repro.sweeping.registry import register_best  # loads torch: a report alone never does
 
         registered = register_best(args.tracking_uri, experiment, study, args.fingerprint, args.require_clean)
         print(

@@ -8,7 +8,7 @@ nplm-score 3f2a... --text story.txt --per-token story.tsv
 nplm-score 3f2a... --text tokens.txt --tokenized          # whitespace-separated tokens, read as they are
 nplm-score 3f2a... --log                             # attach kept scores to a run made before runs kept them
 
-The run is rebuilt from what it recorded (nplm_repro/tracking/scoring.py): MLP, n-gram and mixed runs alike.
+The run is rebuilt from what it recorded (nplm_repro/serving/scoring.py): MLP, n-gram and mixed runs alike.
 --row, --study, --seed and --experiment name a run as they do in nplm-ask (cli.py's `run_arguments`).
 """
 
@@ -29,8 +29,8 @@ from nplm_repro.data.corpus import UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import TRACEBACK
 from nplm_repro.scores import KEPT_SPLITS
-from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.scoring import RunScorer, Tokens, check_run_id
+from nplm_repro.serving.scoring import RunScorer, Tokens, check_run_id
+from nplm_repro.storage.kept import kept_scores, log_scores
 
 TOLERANCE = 1e-6  # relative: kept scores must give the run's logged perplexity
 SHOWN_UNKNOWN = 10  # the most frequent words outside the vocabulary that are listed

@@ -23,8 +23,8 @@ from nplm_repro.errors import sigterm_interrupts
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.migrations import upgrade_config
+from nplm_repro.sweeping.sweep import ends_sweeps
 from nplm_repro.tracking.ledger import run
-from nplm_repro.tracking.sweep import ends_sweeps
 
 register()  # the sweepers: the search's (hparams_search=...) and the default, whose mixed rows wait for their rows
 

@@ -137,7 +137,7 @@ def check_loaded_model(uri: str, run_id: str, context: str, cwd: Path) -> None:
 
     import torch
 
-    from nplm_repro.tracking.scoring import RunScorer
+    from nplm_repro.serving.scoring import RunScorer
 
     code = (
         "import json, mlflow, pandas as pd\n"

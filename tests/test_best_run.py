@@ -21,8 +21,8 @@ from nplm_repro.errors import NplmError
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.best import best_row, row_run
-from nplm_repro.tracking.registry import CHAMPION, register_best
-from nplm_repro.tracking.scoring import has_weights
+from nplm_repro.sweeping.registry import CHAMPION, register_best
+from nplm_repro.serving.scoring import has_weights
 
 # An MLP of seconds: h=16, m=16, one epoch, float32 whatever the CPU (precision auto could pick bf16-mixed)
 MLP = ["model.h=16", "model.m=16", "trainer.max_epochs=1", "trainer.precision=32-true"]
@@ -187,7 +187,7 @@ def test_the_registry_passes_over_a_run_without_weights_and_moves_champion_to_a_
     stopped, mlp1 = runs.loc["MLP9", "run_id"], runs.loc["MLP1", "run_id"]
     assert not has_weights(client, stopped) and runs.loc["MLP9", "valid_ppl"] < runs.loc["MLP1", "valid_ppl"]
     assert best_row(build(uri, "brown", "stopped").table)["run_ids"] == stopped
-    with caplog.at_level(logging.WARNING, logger="nplm_repro.tracking.registry"):
+    with caplog.at_level(logging.WARNING, logger="nplm_repro.sweeping.registry"):
         assert register_best(uri, "brown", "stopped") == "nplm-brown-stopped/1"
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert re.fullmatch(

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_module
 from nplm_repro.errors import NplmError
 from nplm_repro.reporting.claims import HOLDS, check_claims
 from nplm_repro.tracking.confounds import CONFOUNDED, allowed, differences
-from nplm_repro.tracking.sweep import check_declaration
+from nplm_repro.sweeping.sweep import check_declaration
 
 EXACT = {"model.output": "standard", "optim.output": "exact", "trainer.precision": "bf16-mixed"}
 SAMPLED = {

@@ -1,11 +1,11 @@
-"""A sweep's one progress line (nplm_repro/tracking/console.py) and the job status it reads (nplm_repro/progress.py)."""
+"""A sweep's one progress line (nplm_repro/sweeping/console.py) and the job status it reads (nplm_repro/progress.py)."""
 
 from pathlib import Path
 
 import pytest
 
 from nplm_repro.progress import STATUS_ENV, read_status, report_status
-from nplm_repro.tracking.console import duration, progress_line
+from nplm_repro.sweeping.console import duration, progress_line
 
 
 def test_the_line_counts_jobs_names_the_running_ones_and_estimates_the_time_left() -> None:

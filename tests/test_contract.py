@@ -26,8 +26,8 @@ from nplm_repro.reporting.tables import build
 from nplm_repro.scores import KEPT_SPLITS
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
-from nplm_repro.tracking.kept import kept_scores
-from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.storage.kept import kept_scores
+from nplm_repro.serving.scoring import RunScorer
 
 FAMILIES = Path(__file__).resolve().parent / "families"
 TOY = "unigram"  # tests/families/model/unigram.yaml

@@ -27,7 +27,7 @@ import requests
 from helpers import SLICE, SWEEPS, console_script, free_port, run_script
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.tracking.sweep import dashboard as link_of
+from nplm_repro.sweeping.sweep import dashboard as link_of
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 BROWSER = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")

@@ -8,7 +8,7 @@
   (checks.check_resolves: every value resolves; config_checks.check_config: every value makes sense). A sweep is
   composed with the first value of every swept key, then once more per other value of each key the command line
   sweeps; a study's (or a search's) own swept values are taken at their first value (nplm-train itself composes
-  every job of a sweep before it runs one: tracking/sweep.py, compose_jobs). Files the user brings (`data.path=...`)
+  every job of a sweep before it runs one: sweeping/sweep.py, compose_jobs). Files the user brings (`data.path=...`)
   are never read.
 - `nplm-bench`: conf/bench.yaml composed the same way.
 - The other commands (argparse's): their arguments parse, in process, and `<command> --help` exits 0.

@@ -14,8 +14,8 @@ from nplm_repro.errors import NplmError
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
-from nplm_repro.tracking.kept import kept_scores
-from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.storage.kept import kept_scores
+from nplm_repro.serving.scoring import RunScorer
 
 FAMILIES = Path(__file__).resolve().parent / "families"
 

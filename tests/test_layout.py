@@ -9,7 +9,7 @@ import sys
 from helpers import ROOT
 
 PACKAGE = ROOT / "nplm_repro"
-SUBPACKAGES = ("paper", "data", "models", "baselines", "tracking", "reporting")
+SUBPACKAGES = ("paper", "data", "models", "baselines", "storage", "serving", "tracking", "sweeping", "reporting")
 
 
 def imports() -> dict[str, set[str]]:
@@ -58,8 +58,19 @@ def commands() -> set[str]:
 
 
 def test_dependencies_point_one_way() -> None:
-    """data <- models/baselines <- tracking; reporting reads runs and paper facts, never models."""
-    rank = {"paper": 0, "data": 1, "models": 2, "baselines": 3, "tracking": 4}
+    """data <- models/baselines <- storage (the MLflow store) <- serving (recorded models rebuilt, scored, served)
+    <- tracking (the run ledger) <- sweeping (Hydra sweeps, the search); reporting reads runs and paper facts, never
+    models."""
+    rank = {
+        "paper": 0,
+        "data": 1,
+        "models": 2,
+        "baselines": 3,
+        "storage": 4,
+        "serving": 5,
+        "tracking": 6,
+        "sweeping": 7,
+    }
     for module, imported in imports().items():
         layer = layer_of(module)
         for other in imported:
@@ -70,6 +81,17 @@ def test_dependencies_point_one_way() -> None:
                 assert theirs not in ("models", "baselines"), f"{module} imports {other}"
             if layer == "baselines":  # a mixture is arithmetic on kept scores: it never runs a model
                 assert theirs != "models", f"{module} imports {other}"
+
+
+def test_only_serving_imports_both_models_and_baselines() -> None:
+    """Rebuilding a recorded run of any family is serving/'s job; every other layer reaches a family through the
+    contract (nplm_repro/family.py), so none needs both the trained and the counted models."""
+    reached: dict[str, set[str]] = {}
+    for module, imported in imports().items():
+        if layer_of(module) in SUBPACKAGES:
+            reached.setdefault(layer_of(module), set()).update(layer_of(o) for o in imported)
+    both = sorted(layer for layer, theirs in reached.items() if {"models", "baselines"} <= theirs - {layer})
+    assert both == ["serving"], f"layers importing both models/ and baselines/: {both}"
 
 
 def test_no_layer_imports_a_command() -> None:

@@ -12,8 +12,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from nplm_repro.errors import NplmError
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.ledger import ORPHANED, end_orphans, find_finished, find_resumable, search
-from nplm_repro.tracking.locks import config_lock
-from nplm_repro.tracking.sweep import MlflowSweep
+from nplm_repro.storage.locks import config_lock
+from nplm_repro.sweeping.sweep import MlflowSweep
 
 
 def killed_run(client: MlflowClient, experiment: str, key: str, checkpoints: Path, start: int, last: bool) -> str:

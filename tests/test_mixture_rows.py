@@ -21,8 +21,8 @@ from nplm_repro.reporting.tables import build, display
 from nplm_repro.studies import checked
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
-from nplm_repro.tracking.scoring import RunScorer, Tokens
-from nplm_repro.tracking.sweep import check_components
+from nplm_repro.serving.scoring import RunScorer, Tokens
+from nplm_repro.sweeping.sweep import check_components
 
 TINY = [f"data.path={TINY_BROWN}", *data_slice(7_000, 1_500, 1_500)]
 

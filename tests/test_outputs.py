@@ -28,7 +28,7 @@ from nplm_repro.perplexity import perplexity_of
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key
-from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.serving.scoring import RunScorer
 
 V, N, M, H = 40, 4, 3, 5
 

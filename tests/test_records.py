@@ -25,8 +25,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.records import RUNS_BESIDE, code_state, log_corpus
-from nplm_repro.tracking.redaction import redact
-from nplm_repro.tracking.store import EXPERIMENT_KIND, ensure_experiment
+from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import EXPERIMENT_KIND, ensure_experiment
 
 SECRET = "s3cret-Pa55"
 CHANGE = f"uri: postgresql+psycopg://nplm:{SECRET}@db-host/nplm\n"  # a credential in a change: masked in the patch

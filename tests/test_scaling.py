@@ -18,7 +18,7 @@ from helpers import SLICE, SWEEPS, composed_study, console_script, data_slice, f
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from nplm_repro.tracking.served import model_of
+from nplm_repro.serving.served import model_of
 
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5", "trainer.enable_progress_bar=false"]
 

@@ -16,8 +16,8 @@ from mlflow.tracking import MlflowClient
 
 from nplm_repro.scores import ARTIFACT
 from nplm_repro.tracking import ledger
-from nplm_repro.tracking.kept import kept_scores
-from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.storage.kept import kept_scores
+from nplm_repro.serving.scoring import RunScorer
 
 TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
 ROWS = {"kn3": "Kneser-Ney back-off", "mlp5": "MLP5", "del_int": "Del. Int.", "mlp6": "MLP6"}

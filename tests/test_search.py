@@ -1,4 +1,4 @@
-"""Hyperparameter search (`hparams_search=...`, nplm_repro/tracking/search.py): Optuna's trials launched by Hydra's
+"""Hyperparameter search (`hparams_search=...`, nplm_repro/sweeping/search.py): Optuna's trials launched by Hydra's
 launcher, each a run under the search's MLflow parent run, each epoch's validation perplexity reported to its trial,
 a trial the pruner stops scored like any run, the study kept in ./optuna.db so that the same command continues it,
 a trial left running by a stopped search resumed with its own number."""

@@ -20,7 +20,7 @@ from nplm_repro.models.use import continue_ids
 from nplm_repro.perplexity import perplexity_of
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
-from nplm_repro.tracking.scoring import RunScorer
+from nplm_repro.serving.scoring import RunScorer
 
 SMALL = {
     "lstm": [  # every regulariser on: scoring must not depend on any of them

@@ -1,4 +1,4 @@
-"""Every trained run is an MLflow Model (tracking/served.py): loaded by URI in a fresh Python process that imports
+"""Every trained run is an MLflow Model (serving/served.py): loaded by URI in a fresh Python process that imports
 nothing of ours, it answers the exact softmax of the run's weights; bad requests are errors a server answers 400."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from mlflow.tracking import MlflowClient
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking import ledger
-from nplm_repro.tracking.features import MIN_COUNT, PROBES
-from nplm_repro.tracking.registry import CHAMPION, register_best
-from nplm_repro.tracking.scoring import RunScorer
-from nplm_repro.tracking.served import model_of
+from nplm_repro.serving.features import MIN_COUNT, PROBES
+from nplm_repro.sweeping.registry import CHAMPION, register_best
+from nplm_repro.serving.scoring import RunScorer
+from nplm_repro.serving.served import model_of
 
 CONTEXT = "The Fulton County Grand Jury said Friday that"
 

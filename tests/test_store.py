@@ -14,10 +14,10 @@ from mlflow.store.db.utils import _get_alembic_config
 from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking import locks
+from nplm_repro.storage import locks
 from nplm_repro.tracking.ledger import own_dir
-from nplm_repro.tracking.served import model_of
-from nplm_repro.tracking.store import check_store
+from nplm_repro.serving.served import model_of
+from nplm_repro.storage.store import check_store
 
 ROWS = ["del_int", "kn3", "kn4", "kn5"]
 

@@ -25,7 +25,7 @@ from nplm_repro.studies import (
 )
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.study_rows import study_rows
-from nplm_repro.tracking.sweep import check_declaration
+from nplm_repro.sweeping.sweep import check_declaration
 
 STUDIES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 

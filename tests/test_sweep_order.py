@@ -1,5 +1,5 @@
 """A sweep launches a mixed row's jobs after those of the rows it mixes, whatever order the command line gives them
-(tracking/sweep_order.py): under the basic launcher one job after the other, under the parallel launcher a batch
+(sweeping/sweep_order.py): under the basic launcher one job after the other, under the parallel launcher a batch
 of the rows, then one of the mixtures. Real sweeps of tests/data/tiny_brown.zip into real stores."""
 
 from pathlib import Path
@@ -8,7 +8,7 @@ import mlflow
 import pytest
 from helpers import data_slice, run_script
 
-from nplm_repro.tracking.sweep_order import levels
+from nplm_repro.sweeping.sweep_order import levels
 
 TINY = data_slice(5_000, 1_000, 1_000)
 

@@ -25,8 +25,8 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import paper_table
 from nplm_repro.reporting.tables import build
 from nplm_repro.tracking.config_checks import check_config
-from nplm_repro.tracking.locks import model_lock
-from nplm_repro.tracking.sweep import sweep_key, swept
+from nplm_repro.storage.locks import model_lock
+from nplm_repro.sweeping.sweep import sweep_key, swept
 
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5"]
 STAMP = "%Y-%m-%d %H:%M:%S,%f"

@@ -16,11 +16,11 @@ from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
-from nplm_repro.tracking.kept import kept_scores
+from nplm_repro.storage.kept import kept_scores
 from nplm_repro.tracking.records import flat_params
-from nplm_repro.tracking.scoring import RunScorer
-from nplm_repro.tracking.served import model_of
-from nplm_repro.tracking.store import EXPERIMENT_KIND
+from nplm_repro.serving.scoring import RunScorer
+from nplm_repro.serving.served import model_of
+from nplm_repro.storage.store import EXPERIMENT_KIND
 
 SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]
 DIRPATH = "callbacks.model_checkpoint.dirpath=checkpoints"  # outside a Hydra job, which would set it

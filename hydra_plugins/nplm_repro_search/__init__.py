@@ -3,7 +3,7 @@
 is conf/hydra/sweeper/optuna.yaml.
 
 `hydra/sweeper=basic`, the default, is `RowsFirst`: Hydra's basic sweeper with a mixed row's jobs after those of
-the rows it mixes (nplm_repro/tracking/sweep_order.py), with Hydra's keys (max_batch_size, params). `register` puts
+the rows it mixes (nplm_repro/sweeping/sweep_order.py), with Hydra's keys (max_batch_size, params). `register` puts
 both into Hydra's plugins, and RowsFirst's config in the place of Hydra's own in its config store.
 """
 
@@ -13,16 +13,16 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeperConf
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 
-from nplm_repro.tracking.search import Search
-from nplm_repro.tracking.sweep_order import RowsFirst as _RowsFirst
+from nplm_repro.sweeping.search import Search
+from nplm_repro.sweeping.sweep_order import RowsFirst as _RowsFirst
 
 
 class OptunaSearch(Search):
-    """`hydra/sweeper=optuna`: nplm_repro.tracking.search.Search."""
+    """`hydra/sweeper=optuna`: nplm_repro.sweeping.search.Search."""
 
 
 class RowsFirst(_RowsFirst):
-    """`hydra/sweeper=basic`, the default: nplm_repro.tracking.sweep_order.RowsFirst."""
+    """`hydra/sweeper=basic`, the default: nplm_repro.sweeping.sweep_order.RowsFirst."""
 
 
 @dataclass

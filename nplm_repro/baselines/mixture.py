@@ -114,7 +114,7 @@ class Mixture(Family):
     @classmethod
     def check(cls, cfg: Any) -> None:
         """A row cannot mix itself (its components are found when it runs: a cycle through other rows is the sweep's
-        to refuse, which sees every row, tracking/sweep.py), nor one run twice: a row named twice is two of its
+        to refuse, which sees every row, sweeping/sweep.py), nor one run twice: a row named twice is two of its
         seeds (`model.seed_shift`), and a shifted seed counts round `model.seeds`."""
         if cfg.get("row") in cfg.model.components and cfg.model.get("from_study") in (None, cfg.get("study")):
             raise NplmError(f"model.components names row {cfg.row!r}, the row itself: a mixture cannot mix itself")
@@ -255,7 +255,7 @@ def mixed_logprob(run: Recorded, tokens: Tokens, names: Sequence[str], mode: str
 class StoredMixedRow(Family):
     """A trained family's row of kind mixed, stored before mixtures were rows of their own: an MLP's `model.mix` (the
     paper's MLP2 ... MLP10, CHANGELOG.md), its MLP's run (tag base_run_id) and the interpolated trigram fitted again
-    as one more component, weighted as `model.mix` says. Such a row is no longer run, only scored: tracking/scoring.py
+    as one more component, weighted as `model.mix` says. Such a row is no longer run, only scored: serving/scoring.py
     `RunScorer` scores it by this class."""
 
     @classmethod

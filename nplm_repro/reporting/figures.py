@@ -43,7 +43,7 @@ from nplm_repro.tracking.runs import present
 
 def figures(report: Report) -> list[tuple[str, Figure | bytes]]:
     """Every figure the report has something to show in, in order, by file stem: the study's declared headline
-    figures first; the features map is PNG bytes drawn when its run ended (tracking/features.py), copied as is."""
+    figures first; the features map is PNG bytes drawn when its run ended (serving/features.py), copied as is."""
     study = report.study
     found: list[tuple[str, Figure | bytes | None]] = []
     for name in report.spec.get("figures", []):

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from nplm_repro.scores import KEPT_SPLITS, Scores
-from nplm_repro.tracking.kept import kept_scores
+from nplm_repro.storage.kept import kept_scores
 
 RESAMPLES = 2000
 SEED = 2003  # fixed: a report rebuilt from the same runs gives the same intervals

@@ -1,4 +1,4 @@
-"""The note `search` of a search's report (hparams_search=..., tracking/search.py): its budget as spent, who proposed
+"""The note `search` of a search's report (hparams_search=..., sweeping/search.py): its budget as spent, who proposed
 each trial (the sampler, or the random draws of its start), how each trial ended (and which the budget cut while still
 improving), the best on validation, the best trials retrained on other seeds, and any chosen value at an edge of its
 space, so that the report alone says what the search cost, how far it searched and whether it is done."""
@@ -45,7 +45,7 @@ ENOUGH = 16  # trials a search should end with, at most a quarter of them its ra
 
 
 def at_edge(value: Any, space: dict[str, Any]) -> str:
-    """Which edge of its space (`described` by tracking/search.py) `value` sits at, '' if none: the smallest or
+    """Which edge of its space (`described` by sweeping/search.py) `value` sits at, '' if none: the smallest or
     largest of numeric choices, or within EDGE of a range's bound."""
     if "choices" in space:
         try:

@@ -33,9 +33,9 @@ from nplm_repro.reporting.formats import mean_std
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import Timeline, history, timeline, training_speeds, varying_keys
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.storage.kept import artifacts, download
 from nplm_repro.studies import declaration
 from nplm_repro.tracking.best import best, best_row, seeds
-from nplm_repro.tracking.kept import artifacts, download
 from nplm_repro.tracking.runs import configurations, present, study_runs
 
 
@@ -138,7 +138,7 @@ def with_per_seed(table: pd.DataFrame, name: str, values: dict[str, dict[str, fl
 
 @dataclass(frozen=True)
 class Learned:
-    """The best trained row's `features/` artifacts (tracking/features.py): neighbours of probe words, the paper's example
+    """The best trained row's `features/` artifacts (serving/features.py): neighbours of probe words, the paper's example
     sentences, the map of the frequent words (PNG bytes)."""
 
     label: str

@@ -18,9 +18,9 @@ from nplm_repro.family import Need
 from nplm_repro.migrations import counted, former_config, run_family
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
 from nplm_repro.progress import report_status
-from nplm_repro.tracking.finding import search
+from nplm_repro.storage.finding import search
+from nplm_repro.storage.locks import recording
 from nplm_repro.tracking.keys import BOOKKEEPING, config_key, without_unused
-from nplm_repro.tracking.locks import recording
 from nplm_repro.tracking.runs import TRAINED_GROUPS
 
 log = logging.getLogger(__name__)

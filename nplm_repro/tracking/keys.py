@@ -15,10 +15,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from nplm_repro.family import Family
+from nplm_repro.family import family_of
 from nplm_repro.migrations import LATER_KNOBS, key_model
 
 KEY_VERSION = "1"
@@ -46,12 +45,6 @@ BOOKKEEPING = (
     "callbacks.progress_bar",
     "callbacks.model_checkpoint.dirpath",
 )
-
-
-def family_of(cfg: DictConfig) -> type[Family]:
-    """The family of the model `cfg.model` builds: the class it names, which answers the contract of
-    nplm_repro/family.py; imports that class."""
-    return get_class(cfg.model._target_)
 
 
 def family(cfg: DictConfig) -> str:

@@ -30,6 +30,7 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.load import load_corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted, one_line
+from nplm_repro.family import family_of
 from nplm_repro.migrations import CHECKPOINT_BEFORE_MODELS
 from nplm_repro.models.language_module import DIVERGED
 from nplm_repro.models.outputs import Training, training_of
@@ -37,18 +38,18 @@ from nplm_repro.models.precision import choices, job_precision
 from nplm_repro.models.training import best_checkpoint
 from nplm_repro.progress import report_status
 from nplm_repro.scores import ARTIFACT, Scores
+from nplm_repro.serving.features import log_features
+from nplm_repro.serving.scoring import RunScorer, has_weights
+from nplm_repro.serving.served import log_model
+from nplm_repro.storage.finding import find_finished, search
+from nplm_repro.storage.kept import kept_scores, log_scores
+from nplm_repro.storage.locks import config_lock, model_lock
+from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import open_store, reach_store
 from nplm_repro.tracking.components import ComponentFailed, component_runs, former_key
 from nplm_repro.tracking.config_checks import check_sizes
-from nplm_repro.tracking.features import log_features
-from nplm_repro.tracking.finding import find_finished, search
-from nplm_repro.tracking.kept import kept_scores, log_scores
-from nplm_repro.tracking.keys import config_key, family, family_of, model_key, trains
-from nplm_repro.tracking.locks import config_lock, model_lock
+from nplm_repro.tracking.keys import config_key, family, model_key, trains
 from nplm_repro.tracking.records import check_system_metrics, open_run
-from nplm_repro.tracking.redaction import redact
-from nplm_repro.tracking.scoring import RunScorer, has_weights
-from nplm_repro.tracking.served import log_model
-from nplm_repro.tracking.store import open_store, reach_store
 
 log = logging.getLogger(__name__)
 

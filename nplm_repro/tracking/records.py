@@ -35,10 +35,11 @@ from omegaconf import DictConfig, OmegaConf
 from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted
+from nplm_repro.family import family_of
 from nplm_repro.machine import cpuinfo
-from nplm_repro.tracking.keys import KEY_VERSION, family_of, trained, without_unused
-from nplm_repro.tracking.redaction import redact
-from nplm_repro.tracking.store import store_error
+from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import store_error
+from nplm_repro.tracking.keys import KEY_VERSION, trained, without_unused
 
 if TYPE_CHECKING:
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
@@ -286,7 +287,7 @@ def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> Run
         if cfg.get(key):
             tags[key] = str(cfg[key])
     if cfg.tracking.get("parent_run_id"):
-        tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # the sweep's parent run (nplm_repro.tracking.sweep)
+        tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id  # the sweep's parent run (nplm_repro.sweeping.sweep)
     tags = {k: redact(v) for k, v in tags.items()}
     params, name = flat_params(cfg), cfg.tracking.run_name or run_name(cfg)  # a config error is not the store's
     try:

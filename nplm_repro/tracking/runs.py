@@ -34,10 +34,10 @@ from nplm_repro.paper import (
     paper_table,
     row_key,
 )
+from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import check_store, sqlite_file, tracking_at
 from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, without_unused
-from nplm_repro.tracking.redaction import redact
 from nplm_repro.tracking.stops import stopped_by
-from nplm_repro.tracking.store import check_store, sqlite_file, tracking_at
 
 # What a result depends on: a counted or mixed row, the data and the model's knobs; a trained one, its training too.
 # The data itself is pinned by the fingerprint; tracking.* and the row name are labels, not configuration.
@@ -166,7 +166,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "config": json.dumps(config),
                 "mix_lambda": pd.to_numeric(get("params.mix.lambda", np.nan), errors="coerce"),  # learned: one weight
                 "epochs": get("metrics.epochs", np.nan),
-                "trial": _text(get("params.callbacks.pruning.trial")),  # a search's trial (tracking/search.py)
+                "trial": _text(get("params.callbacks.pruning.trial")),  # a search's trial (sweeping/search.py)
                 "proposed_by": _text(get("tags.search_proposed_by")),  # its values: `random` or the sampler's
                 "search_space": _text(get("tags.search_space")),  # its distributions, JSON (search.py `described`)
                 "stopped_by": stopped_by(run, config),  # what ended its fit

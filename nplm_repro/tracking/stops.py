@@ -2,7 +2,7 @@
 have not converged, and a search's note on how each trial ended all read it here. Torch-free: the report reads it.
 
 A run records it at its fit's end as the metric `<why>_epoch` (models/training.py `StopReason`; a search's trial
-records `pruned_epoch` or `budget_epoch`, tracking/search.py). A run from before that record is read from its epochs
+records `pruned_epoch` or `budget_epoch`, sweeping/search.py). A run from before that record is read from its epochs
 and its fit's seconds: all of trainer.max_epochs trained is the ceiling, trainer.max_time spent is the time budget,
 anything else early stopping (such a run stopped by trainer.max_steps reads as early stopping).
 """

@@ -1,5 +1,5 @@
 """The rows a study's jobs give, named as its report names them, known before any job runs: what its claims may name
-(studies.py `check_claimed_rows`). A sweep checks its claims before it starts (tracking/sweep.py), `nplm-report
+(studies.py `check_claimed_rows`). A sweep checks its claims before it starts (sweeping/sweep.py), `nplm-report
 --study` before it reads the store, so a claim on a row the study never runs (`MLP11`, `Del Int.`) is one line, not
 a claim "not measured" in every report.
 
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 BASIC_SWEEPER = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
 # The sweepers whose jobs are known before any runs: Hydra's basic one, and the default that orders its jobs
-# (`hydra/sweeper=basic`: tracking/sweep_order.py); Optuna's draws its trials as it goes
+# (`hydra/sweeper=basic`: sweeping/sweep_order.py); Optuna's draws its trials as it goes
 KNOWN_JOBS = frozenset({BASIC_SWEEPER, "hydra_plugins.nplm_repro_search.RowsFirst"})
 MODULE = "nplm_repro.conf"  # the package's configs, conf/ (its study/ is sweeps/)
 COPY = "nplm_report_study"  # the name a study file outside the package is composed under: no installed study's

@@ -34,15 +34,14 @@ from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.data.load import corpus_kind, load_corpus
 from nplm_repro.data.plain import read_context, text_pieces
 from nplm_repro.errors import NplmError
-from nplm_repro.family import Family
+from nplm_repro.family import Family, family_of
 from nplm_repro.migrations import CHECKPOINT_BEFORE_MODELS
 from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.scores import KEPT_SPLITS, Scores
-from nplm_repro.tracking.kept import artifacts, download, kept_scores
-from nplm_repro.tracking.keys import family_of
-from nplm_repro.tracking.redaction import redact
-from nplm_repro.tracking.served import model_of
-from nplm_repro.tracking.store import store_error, tracking_at
+from nplm_repro.serving.served import model_of
+from nplm_repro.storage.kept import artifacts, download, kept_scores
+from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import store_error, tracking_at
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # what MLflow's stores name a run: uuid4().hex
 T = TypeVar("T")

@@ -51,8 +51,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking.console import job_error
-from nplm_repro.tracking.search_checks import BINDING, binding, import_optuna
+from nplm_repro.sweeping.console import job_error
+from nplm_repro.sweeping.search_checks import BINDING, binding, import_optuna
 
 log = logging.getLogger(__name__)
 MONITOR = "valid_ppl_epoch"

@@ -23,12 +23,12 @@ import pandas as pd
 
 from nplm_repro.errors import NplmError
 from nplm_repro.migrations import CHECKPOINT_BEFORE_MODELS
+from nplm_repro.serving.scoring import RunScorer, has_weights
+from nplm_repro.serving.served import log_model, model_of
+from nplm_repro.storage.kept import download
+from nplm_repro.storage.store import tracking_at
 from nplm_repro.tracking.best import ranked_runs
-from nplm_repro.tracking.kept import download
 from nplm_repro.tracking.runs import study_runs
-from nplm_repro.tracking.scoring import RunScorer, has_weights
-from nplm_repro.tracking.served import log_model, model_of
-from nplm_repro.tracking.store import tracking_at
 
 log = logging.getLogger(__name__)
 

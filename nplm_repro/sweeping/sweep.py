@@ -23,7 +23,7 @@ The report is written by the function `report_with` names (conf/config.yaml: `np
 `nplm-report` writes), looked up when the sweep ends: the config wires the command's writer in, so tracking imports
 neither the reporting code nor a command (tests/test_layout.py). It returns the files it wrote and the study's
 headline numbers, which the parent run keeps as artifacts (`report/`) and metrics. Then, as `nplm-report --register`
-does after its report, a sweep whose jobs all ran registers its study's best trained model (tracking/registry.py)
+does after its report, a sweep whose jobs all ran registers its study's best trained model (sweeping/registry.py)
 unless `tracking.register=false`; a run without weights is passed over there, never a failure. A report that cannot
 be written, or a registration that fails, fails a sweep whose jobs all ran: Hydra turns a callback's error into a
 warning and exits 0, so the parent run ends FAILED with the tag `error`, and `ends_sweeps` raises the error once
@@ -57,16 +57,16 @@ from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrup
 from nplm_repro.exits import errors_exit
 from nplm_repro.paths import check_report_dir
 from nplm_repro.progress import close_displays
+from nplm_repro.storage.finding import search
+from nplm_repro.storage.locks import config_lock
+from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import check_store, ensure_experiment
 from nplm_repro.studies import check_claimed_rows, checked, claimed_rows
+from nplm_repro.sweeping.registry import register_best
+from nplm_repro.sweeping.search_checks import check_search
 from nplm_repro.tracking.config_checks import check_config, check_corpus
-from nplm_repro.tracking.finding import search
 from nplm_repro.tracking.ledger import end_orphans
-from nplm_repro.tracking.locks import config_lock
 from nplm_repro.tracking.records import RESUMED_IN
-from nplm_repro.tracking.redaction import redact
-from nplm_repro.tracking.registry import register_best
-from nplm_repro.tracking.search_checks import check_search
-from nplm_repro.tracking.store import check_store, ensure_experiment
 from nplm_repro.tracking.study_rows import (
     KNOWN_JOBS,
     check_controlled,

@@ -1,4 +1,4 @@
-"""What a search (`hparams_search=<name>`, tracking/search.py) is checked against before its store or parent run is
+"""What a search (`hparams_search=<name>`, sweeping/search.py) is checked against before its store or parent run is
 made (`check_search`, called by the sweep's `MlflowSweep.on_multirun_start`): a budget that allows nothing, a space
 Optuna cannot draw from, and an Optuna study of the same name that searched something else.
 
@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError
+from nplm_repro.storage.redaction import redact
 from nplm_repro.tracking.keys import config_key
-from nplm_repro.tracking.redaction import redact
 
 SEARCH_SWEEPER = "hydra_plugins.nplm_repro_search.OptunaSearch"
 BINDING = "binding"  # the Optuna study's user attribute: what it searches (`binding`)

@@ -22,8 +22,8 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking.locks import store_lock
-from nplm_repro.tracking.redaction import redact
+from nplm_repro.storage.locks import store_lock
+from nplm_repro.storage.redaction import redact
 
 log = logging.getLogger(__name__)
 

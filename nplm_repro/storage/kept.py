@@ -12,8 +12,8 @@ from mlflow.exceptions import MlflowException
 
 from nplm_repro.errors import NplmError
 from nplm_repro.scores import ARTIFACT, Scores
-from nplm_repro.tracking.redaction import redact
-from nplm_repro.tracking.store import store_error
+from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import store_error
 
 
 def artifacts(client: mlflow.MlflowClient, run_id: str, folder: str = "") -> set[str]:

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from nplm_repro.errors import one_line
 from nplm_repro.progress import STATUS_ENV, add_display, read_status, report_status
-from nplm_repro.tracking.sweep import KNOWN_JOBS, jobs
+from nplm_repro.sweeping.sweep import KNOWN_JOBS, jobs
 
 OUTPUT_LOG = "output.log"  # in each job's directory: everything the job printed
 STATUS_DIR = ".jobs"  # in the sweep's directory: one status file per job, <job number>.json
