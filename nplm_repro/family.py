@@ -155,7 +155,7 @@ class Family:
         }
 
 
-def family_of(cfg: Any) -> type[Family]:
-    """The family of the model `cfg.model` builds: the class it names, which answers this contract; imports that
-    class (every caller asks the family through this, never by name)."""
-    return get_class(cfg.model._target_)
+def family_of(model: Any) -> type[Family]:
+    """The family of the model a config's `model` group builds: the class its `_target_` names, which answers this
+    contract; imports that class (every caller asks the family through this, never by name)."""
+    return get_class(model._target_)

@@ -13,6 +13,7 @@ config (cfg.model, cfg.optim) is not a stop: receiving the parts it uses is the 
 from __future__ import annotations
 
 import sys
+from itertools import pairwise
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -44,7 +45,7 @@ def counted(stops: list[tuple[str, str]]) -> str:
     """Stops, the files they pass through, and returns to a file already left."""
     left: set[str] = set()
     returns = 0
-    for (before, _), (now, _) in zip(stops, stops[1:]):
+    for (before, _), (now, _) in pairwise(stops):
         if now != before:
             left.add(before)
             returns += now in left

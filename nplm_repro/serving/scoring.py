@@ -124,7 +124,7 @@ class RunScorer:
     def family(self) -> type[Family]:
         """The family that scores the run: its config's; for a trained family's run of kind mixed (an MLP's
         `model.mix`, stored before mixtures were rows of their own), the mixture module's `StoredMixedRow`."""
-        family = family_of(self.cfg)
+        family = family_of(self.cfg.model)
         return StoredMixedRow if family.trained and family.kind(self.cfg) == "mixed" else family
 
     @property

@@ -49,19 +49,19 @@ BOOKKEEPING = (
 
 def family(cfg: DictConfig) -> str:
     """The family's name in run keys (its class's `family`)."""
-    return family_of(cfg).family
+    return family_of(cfg.model).family
 
 
 def trains(cfg: DictConfig) -> bool:
     """Whether the row trains weights of its own (its family says `kind` trained): it has a `model_key` and
     checkpoints, and a job of another study with the same model_key adopts its run."""
-    return family_of(cfg).kind(cfg) == "trained"
+    return family_of(cfg.model).kind(cfg) == "trained"
 
 
 def trained(cfg: DictConfig) -> bool:
     """Whether the family trains (weights, a Model, the optim and trainer keys): an MLP mixed with the trigram too,
     whose run keys name the MLP it mixes (`model_key`)."""
-    return family_of(cfg).trained
+    return family_of(cfg.model).trained
 
 
 def without_unused(tree: dict[str, Any]) -> dict[str, Any]:

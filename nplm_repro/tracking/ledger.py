@@ -149,7 +149,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     check_sizes(cfg, corpus.sizes())  # the values against the data read: a text corpus's splits, the words
     open_store(cfg.tracking.uri, experiment=cfg.tracking.experiment)  # reached above
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
-    needs = family_of(cfg).needs(cfg)  # the runs its family makes the row from: a mixture's components
+    needs = family_of(cfg.model).needs(cfg)  # the runs its family makes the row from: a mixture's components
     try:
         needed = component_runs(cfg, corpus, needs) if needs else []
     except ComponentFailed as error:
@@ -298,7 +298,7 @@ def record(
     error.txt.
     """
     L.seed_everything(cfg.seed, workers=True)
-    family, resume, tags = family_of(cfg), None, dict(tags)
+    family, resume, tags = family_of(cfg.model), None, dict(tags)
     if bases:
         tags["base_run_id"] = ",".join(bases)
     if trains(cfg):

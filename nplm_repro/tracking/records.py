@@ -282,7 +282,7 @@ def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> Run
     tags = {**data_tags(corpus), "git_commit": commit, "corpus": corpus.name, **environment_tags(), **extra_tags}
     if is_commit(commit):  # MLflow's own, the UI's Version column; what '+dirty' adds is git_diff.patch
         tags[MLFLOW_GIT_COMMIT] = commit.removesuffix("+dirty")
-    tags |= family_of(cfg).tags(cfg) | {"key_version": KEY_VERSION}
+    tags |= family_of(cfg.model).tags(cfg) | {"key_version": KEY_VERSION}
     for key in ("row", "study", "note"):
         if cfg.get(key):
             tags[key] = str(cfg[key])
