@@ -199,7 +199,9 @@ def bench(cfg: DictConfig) -> None:
     check_bench(cfg.bench)
     what, corpus = set(cfg.bench.what), load_corpus(cfg.data)
     check_sizes(cfg, corpus.sizes())  # the values against the corpus read, as nplm-train checks them
-    what_trains = family(cfg)  # auto: bf16-mixed only for a family shown neutral to it (models/precision.py NEUTRAL)
+    what_trains = family(
+        cfg.model
+    )  # auto: bf16-mixed only for a family shown neutral to it (models/precision.py NEUTRAL)
     exactly = TRAININGS["exact"]  # the train lines' training (below)
     cfg.trainer.precision = job_precision(cfg.trainer.precision, cfg.trainer.accelerator, exactly, what_trains)[0]
     log.info("measuring %s", OmegaConf.to_container(cfg.bench, resolve=True))

@@ -175,9 +175,10 @@ def build_module(cfg: DictConfig, corpus: Corpus) -> L.LightningModule:
     return get_class(cfg.model._target_).build(cfg, corpus)
 
 
-def best_checkpoint(cfg: DictConfig) -> Path | None:
-    """The best-validation checkpoint a run wrote, or None (no validation ran, or no checkpoint callback)."""
-    checkpoint = cfg.callbacks.get("model_checkpoint")
+def best_checkpoint(callbacks: DictConfig) -> Path | None:
+    """The best-validation checkpoint a run wrote (`callbacks`: the config's group), or None (no validation ran,
+    or no checkpoint callback)."""
+    checkpoint = callbacks.get("model_checkpoint")
     if not checkpoint:
         return None
     path = Path(checkpoint.dirpath) / f"{checkpoint.filename}{ModelCheckpoint.FILE_EXTENSION}"

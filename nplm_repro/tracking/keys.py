@@ -47,9 +47,9 @@ BOOKKEEPING = (
 )
 
 
-def family(cfg: DictConfig) -> str:
-    """The family's name in run keys (its class's `family`)."""
-    return family_of(cfg.model).family
+def family(model: DictConfig) -> str:
+    """The family's name in run keys (its class's `family`), of a config's `model` group."""
+    return family_of(model).family
 
 
 def trains(cfg: DictConfig) -> bool:
@@ -58,10 +58,10 @@ def trains(cfg: DictConfig) -> bool:
     return family_of(cfg.model).kind(cfg) == "trained"
 
 
-def trained(cfg: DictConfig) -> bool:
+def trained(model: DictConfig) -> bool:
     """Whether the family trains (weights, a Model, the optim and trainer keys): an MLP mixed with the trigram too,
-    whose run keys name the MLP it mixes (`model_key`)."""
-    return family_of(cfg.model).trained
+    whose run keys name the MLP it mixes (`model_key`); of a config's `model` group."""
+    return family_of(model).trained
 
 
 def without_unused(tree: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def model_key(cfg: DictConfig, fingerprint: str) -> str:
     A job of another study with the same key adopts its finished run instead of training the same model again.
     """
     parts = without_unused({k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "optim", "trainer")})
-    parts["model"] = key_model(parts["model"], family(cfg))
+    parts["model"] = key_model(parts["model"], family(cfg.model))
     parts["model"].pop("mix", None)
     parts |= {
         "data": fingerprint,
@@ -107,7 +107,7 @@ def config_key(cfg: DictConfig, fingerprint: str, components: Sequence[str] = ()
     only what is missing. The study is part of the key, so every study's runs carry its tag.
     """
     kept = without_unused(OmegaConf.to_container(cfg, resolve=False))
-    kept["model"] = key_model(kept["model"], family(cfg))
+    kept["model"] = key_model(kept["model"], family(cfg.model))
     for dotted in BOOKKEEPING:
         *path, last = dotted.split(".")
         node = functools.reduce(lambda d, k: d.get(k) or {}, path, kept)

@@ -138,7 +138,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     `trainer.precision=auto`, the locks of the config under each precision auto may resolve to, since a run of this
     job under either is this job's (`settle_precision`).
     """
-    check_system_metrics(cfg)
+    check_system_metrics(cfg.tracking)
     threads = cfg.threads or launcher_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -162,7 +162,7 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
     own = trains(cfg)
     training = training_of(cfg.optim) if own else None
     variants = {}
-    for precision in choices(cfg.trainer.precision, training, family(cfg)):
+    for precision in choices(cfg.trainer.precision, training, family(cfg.model)):
         variants[precision] = cfg.copy()
         variants[precision].trainer.precision = precision
     keys = {p: config_key(v, corpus.fingerprint, parts) for p, v in variants.items()}
@@ -213,7 +213,7 @@ def settle_precision(
                 log.info("precision=auto -> %s, as run %s of this job resolved it", precision, run.info.run_id)
                 tags = {k: v for k, v in run.data.tags.items() if k.startswith("precision.")}
                 return precision, tags if training is not None else {}
-    return job_precision(cfg.trainer.precision, cfg.trainer.accelerator, training, family(cfg))
+    return job_precision(cfg.trainer.precision, cfg.trainer.accelerator, training, family(cfg.model))
 
 
 def reuse(cfg: DictConfig, found: str) -> tuple[str, dict[str, float]]:
@@ -316,7 +316,9 @@ def record(
         metrics, scores = family.fit_run(cfg, corpus, logger, job)
         check_perplexities(metrics)
         log_scores(logger.experiment, logger.run_id, scores)
-        best = best_checkpoint(cfg) if "model_key" in tags else None  # a trained model's weights, as its Model
+        best = (
+            best_checkpoint(cfg.callbacks) if "model_key" in tags else None
+        )  # a trained model's weights, as its Model
         if best:
             module = get_class(cfg.model._target_)
             log_model(logger.experiment, logger.run_id, best, corpus, cfg.data, cfg.model._target_)

@@ -57,7 +57,7 @@ def flat_params(cfg: DictConfig) -> dict[str, Any]:
     TRAINING_ONLY groups of a model that is not trained, which cannot change its numbers; credentials masked."""
     tree = without_unused(OmegaConf.to_container(cfg, resolve=True))
     tree.pop("reporting", None)  # the study's report, declared beside its jobs: words and claims, no knob of a run
-    if not trained(cfg):
+    if not trained(cfg.model):
         tree = {k: v for k, v in tree.items() if k not in TRAINING_ONLY}
     flat = pd.json_normalize(tree, sep=".").iloc[0].items()
     return {k: redact(v) if isinstance(v, str) else v for k, v in flat if not k.startswith("hydra.")}
@@ -170,11 +170,11 @@ def data_tags(corpus: Corpus) -> dict[str, str]:
     return tags | corpus.count_tags()
 
 
-def corpus_input(cfg: DictConfig, corpus: Corpus) -> DatasetInput:
+def corpus_input(data: DictConfig, corpus: Corpus) -> DatasetInput:
     """The corpus as MLflow's dataset of the run (the runs table's Dataset column; `dataset.digest = '...'` filters):
     named after the corpus, its digest the data fingerprint, its source the file read, |V| and split sizes as profile.
     One dataset, context `training`: the fingerprint covers the three splits together."""
-    path = cfg.data.get("path")
+    path = data.get("path")
     source = redact(str(Path(path).expanduser().resolve()) if path else corpus.source or corpus.name)
     profile = {"vocab_size": corpus.vocab_size, **{f"{split}_tokens": corpus.size(split) for split in SPLITS}}
     dataset = Dataset(
@@ -197,9 +197,9 @@ def log_corpus(client: MlflowClient, run_id: str, corpus: DatasetInput, attempts
             time.sleep(0.1 * attempt)
 
 
-def check_system_metrics(cfg: DictConfig) -> None:
+def check_system_metrics(tracking: DictConfig) -> None:
     """Before any work: MLflow's system metrics monitor (`tracking.system_metrics=true`) needs psutil."""
-    if cfg.tracking.get("system_metrics") and importlib.util.find_spec("psutil") is None:
+    if tracking.get("system_metrics") and importlib.util.find_spec("psutil") is None:
         raise NplmError(NEEDS_PSUTIL)
 
 
@@ -293,7 +293,7 @@ def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> Run
     try:
         logger = RunLogger(experiment_name=experiment, tracking_uri=uri, run_name=name, tags=tags)
         logger.log_hyperparams(params)
-        log_corpus(logger.experiment, logger.run_id, corpus_input(cfg, corpus))
+        log_corpus(logger.experiment, logger.run_id, corpus_input(cfg.data, corpus))
         if diff:
             logger.experiment.log_text(logger.run_id, redact(diff), "git_diff.patch")
     except Exception as error:  # noqa: BLE001  MLflow raises many types for a bad store; all mean the same
