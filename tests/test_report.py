@@ -144,6 +144,7 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     md = (out / f"{study}.md").read_text()
     recipe = next(line for line in md.splitlines() if line.startswith("Training recipe of the trained rows"))
     assert "optim.lr=0.005" in recipe and "optim.batch_size=256" in recipe and "exact softmax" in recipe
+    assert "callbacks.early_stopping.patience=" in recipe and "_target_" not in recipe, recipe
     mlp5 = ours["MLP5 n=5"]
     cells = [c.strip() for c in next(line for line in md.splitlines() if line.startswith("| MLP5 ")).split("|")]
     valid = f"{mlp5['valid_ppl']:.1f}", "296", f"{mlp5['valid_ppl'] / 296 - 1:+.1%}"

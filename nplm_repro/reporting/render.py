@@ -115,7 +115,8 @@ def _recipe_line(report: Report) -> tuple[str, ...]:
         "trainer.limit_val_batches",
         "callbacks.early_stopping.",
     )
-    keys = sorted({k for c in configs for k in c if k.startswith(how)})
+    # a class path (callbacks.early_stopping._target_) says what the key's name already says
+    keys = sorted({k for c in configs for k in c if k.startswith(how) and not k.endswith("._target_")})
     # a family's own knobs (an LSTM's width, say), beside the columns of the paper's table, say what a row is
     knobs = sorted({k for c in configs for k in c if k.startswith("model.") and k[6:] not in (*COLUMNS, "_target_")})
     shared = [k for k in keys if all(c.get(k) == configs[0].get(k) for c in configs)]
