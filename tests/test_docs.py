@@ -173,8 +173,11 @@ def key_of(override: Override) -> str:
 
 
 def swept_values(override: Override) -> list[str]:
-    """A sweep's values as the job overrides Hydra makes of them; a search's interval is tried at its start."""
+    """A sweep's values as the job overrides Hydra makes of them; a search's interval is tried at its start, and a
+    study's single value (`optim: sampled`, which Hydra's sweeper takes as every job's) is every job's."""
     value = override.value()
+    if not override.is_sweep_override():
+        return [override.get_value_element_as_str()]
     if isinstance(value, IntervalSweep):
         return [repr(value.start)]
     return list(override.sweep_string_iterator())
