@@ -11,7 +11,15 @@ from torch.nn import functional as F
 
 from nplm_repro.errors import NplmError
 from nplm_repro.models.nplm import NPLM
-from nplm_repro.models.sampled_loss import Proposal, SparseSGD, draw, layer_outputs, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import (
+    Proposal,
+    SparseSGD,
+    dense_rows,
+    draw,
+    layer_outputs,
+    sampled_cross_entropy,
+    sparse_rows,
+)
 from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key, model_key
 
@@ -31,7 +39,7 @@ def mean_sampled_gradient_error(samples: int, draws: int, estimator: str = "impo
     q = torch.distributions.Dirichlet(torch.ones(60)).sample().double() * 0.5 + 0.5 / 60  # far from P
     total = torch.zeros_like(exact)
     for _ in range(draws):
-        terms = model.output_terms(context, sparse=True)
+        terms = model.output_terms(context, sparse_rows)
         total += _gradients(
             model,
             sampled_cross_entropy(layer_outputs(terms, model.b, target), target, q, draw(q, samples), estimator),
@@ -75,9 +83,10 @@ def test_sparse_sgd_takes_the_same_step_as_sgd() -> None:
     for model, sparse_grads, make in ((dense, False, torch.optim.SGD), (sparse, True, SparseSGD)):
         groups = [{"params": model.decayed(), "weight_decay": 0.1}, {"params": model.biases(), "weight_decay": 0.0}]
         optimizer = make(groups, lr=0.5)
+        rows = optimizer.rows if sparse_grads else dense_rows
         torch.manual_seed(1)  # the same draws
-        terms = model.output_terms(context, sparse=sparse_grads)
-        sampled_cross_entropy(layer_outputs(terms, model.b, target), target, q, draw(q, 8)).backward()
+        terms = model.output_terms(context, rows)
+        sampled_cross_entropy(layer_outputs(terms, model.b, target, rows), target, q, draw(q, 8)).backward()
         for p in model.parameters():  # the reference: torch's SGD on the same gradient, dense
             p.grad = p.grad if sparse_grads else p.grad.to_dense()
         optimizer.step()
@@ -87,10 +96,10 @@ def test_sparse_sgd_takes_the_same_step_as_sgd() -> None:
 
 
 def test_lazy_decay_gives_the_weights_of_eager_decay_through_a_learning_rate_drop() -> None:
-    """SparseSGD's lazy groups (C, U, W) decay a row only when a step reads it, and settle every row before the
-    weights are read whole: after 300 sampled steps, the learning rate cut to a fifth at step 150 as a plateau
-    does, the weights are eager decay's to float32 rounding. Without settling, the rows no step read would lack
-    up to 300 steps of decay (2.7% at lr 0.9, decay 0.1)."""
+    """SparseSGD keeps its lazy weights (C, U, W) as p / s, a step decaying s alone, and settles them before they
+    are read whole: after 300 sampled steps, each reading its rows through `rows`, the learning rate cut to a fifth
+    at step 150 as a plateau does, the weights are eager decay's to float32 rounding. Unsettled, the kept weights
+    are 1 / s times the true ones (s = 1e-3 after 300 steps at lr 0.9, decay 0.1)."""
     vocab = 400
     torch.manual_seed(0)
     eager, lazy = (NPLM(vocab_size=vocab, n=3, m=4, h=6, direct=True) for _ in range(2))
@@ -105,14 +114,12 @@ def test_lazy_decay_gives_the_weights_of_eager_decay_through_a_learning_rate_dro
         for _ in range(300):
             context, target = torch.randint(0, vocab // 8, (8, 2)), torch.randint(0, vocab // 8, (8,))
             sample = draw(q, 4)
-            if lazy_groups:  # the rows this step reads, as NPLMModule.training_step settles them
-                optimizer.settle(torch.cat([context.flatten(), target, sample.words]))
             model.zero_grad()
-            terms = model.output_terms(context, sparse=True)
-            sampled_cross_entropy(layer_outputs(terms, model.b, target), target, q, sample).backward()
+            terms = model.output_terms(context, optimizer.rows)  # as the sampled output layer reads them
+            sampled_cross_entropy(layer_outputs(terms, model.b, target, optimizer.rows), target, q, sample).backward()
             optimizer.step()
             plateau.step()
-        owed = model.C.detach().clone()  # before settling: the lazy rows still lack their missed decay
+        owed = model.C.detach().clone()  # before settling: the kept weight, the true one / s
         optimizer.state_dict()  # settles every row first, as a checkpoint does
         runs.append((owed, model.state_dict()))
     (_, expected), (owed, settled) = runs
@@ -134,10 +141,8 @@ def test_a_checkpoint_of_eager_decay_resumes_under_lazy_decay() -> None:
     q = torch.full((40,), 1 / 40)
     before = model.C.detach().clone()
     sample = draw(q, 8)
-    optimizer.settle(torch.cat([context.flatten(), target, sample.words]))
-    sampled_cross_entropy(
-        layer_outputs(model.output_terms(context, sparse=True), model.b, target), target, q, sample
-    ).backward()
+    terms = model.output_terms(context, optimizer.rows)
+    sampled_cross_entropy(layer_outputs(terms, model.b, target, optimizer.rows), target, q, sample).backward()
     optimizer.step()
     optimizer.settle()
     untouched = torch.ones(40, dtype=torch.bool)

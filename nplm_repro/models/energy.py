@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from nplm_repro.models.nplm import _uniform
+from nplm_repro.models.sampled_loss import Rows, dense_rows, sparse_rows
 
 CHUNK = 1 << 22  # tokens x words x h values computed at once (16 MiB of float32)
 
@@ -38,14 +38,14 @@ class EnergyNPLM(nn.Module):
         self.v = nn.Parameter(_uniform(1, h, fan_in=h)[0])
         self.W = nn.Parameter(_uniform(vocab_size, inputs, fan_in=inputs)) if direct else None
 
-    def _context(self, context: torch.Tensor, sparse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _context(self, context: torch.Tensor, rows: Rows = dense_rows) -> tuple[torch.Tensor, torch.Tensor]:
         """x_ctx [B, (n-1)m] and a = d + H_ctx x_ctx [B, h]."""
-        x = F.embedding(context, self.C, sparse=sparse).flatten(1)
+        x = rows(self.C, context).flatten(1)
         return x, torch.addmm(self.d, x, self.H[:, : x.shape[1]].T)
 
-    def _words(self, words: torch.Tensor | None = None, sparse: bool = False) -> torch.Tensor:
+    def _words(self, words: torch.Tensor | None = None, rows: Rows = dense_rows) -> torch.Tensor:
         """H_out C(w) [len(words), h] (every word when `words` is None)."""
-        features = self.C if words is None else F.embedding(words, self.C, sparse=sparse)
+        features = self.C if words is None else rows(self.C, words)
         return features @ self.H[:, -self.m :].T
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:
@@ -65,18 +65,19 @@ class EnergyNPLM(nn.Module):
         return y if self.W is None else torch.addmm(y, x, self.W.T)
 
     def sampled_outputs(
-        self, context: torch.Tensor, target: torch.Tensor, words: torch.Tensor
+        self, context: torch.Tensor, target: torch.Tensor, words: torch.Tensor, rows: Rows = sparse_rows
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-E of each row's target [B] and of `words` for every row [B, len(words)], for sampled training: only
-        those words' C, W and b rows get a gradient (sparse, for SparseSGD)."""
-        x, a = self._context(context, sparse=True)
-        g = self._words(torch.cat([target, words]), sparse=True)
+        those words' C, W and b rows get a gradient; C's and W's read by `rows` (SparseSGD.rows in training: lazy
+        decay applied, gradients sparse)."""
+        x, a = self._context(context, rows)
+        g = self._words(torch.cat([target, words]), rows)
         y_t = _minus_v_tanh(2 * (a + g[: len(target)]), self.v) - self.b[target]
         if self.W is not None:
-            y_t = y_t + (x * F.embedding(target, self.W, sparse=True)).sum(1)
+            y_t = y_t + (x * rows(self.W, target)).sum(1)
         y_s = _negative_energy(a, g[len(target) :], self.v) - self.b[words]  # B x k x h: small, no chunks needed
         if self.W is not None:
-            y_s = y_s + x @ F.embedding(words, self.W, sparse=True).T
+            y_s = y_s + x @ rows(self.W, words).T
         return y_t, y_s
 
     def decayed(self) -> list[nn.Parameter]:

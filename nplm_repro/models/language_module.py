@@ -219,7 +219,9 @@ class LanguageModule(L.LightningModule, Family):
         if training_of(self.optim).sampled and (pairs := self.proposal_pairs(self.trainer.train_dataloader)):
             vocab = len(self.word_features())  # a row of input features a word
             self.proposal = Proposal(*pairs, vocab, self.optim["proposal"]).to(self.device)
-        self.layer = choose(self.classes, self.optim, self.trainer.precision, self.proposal, self._settle)
+        # SparseSGD keeps its word weights / their decay: a sampled step reads their rows through it
+        sgd = next((o for o in self.trainer.optimizers if isinstance(o, SparseSGD)), None)
+        self.layer = choose(self.classes, self.optim, self.trainer.precision, self.proposal, sgd and sgd.rows)
 
     def _output_layer(
         self, vocab_size: int, output: str, classes: int | None, widths: list[int], word_classes: torch.Tensor | None
@@ -230,7 +232,7 @@ class LanguageModule(L.LightningModule, Family):
         self.output = OUTPUTS[output]
         if self.output.word_classes:
             self.classes = ClassOutput(vocab_size, classes or class_count(vocab_size), widths, word_classes)
-        self.layer = choose(self.classes, {}, "32-true", None, self._settle)
+        self.layer = choose(self.classes, {}, "32-true", None)
 
     def _count(self, loss: torch.Tensor, tokens: int, batch_idx: int) -> None:
         # Logged by hand, not by self.log(on_step, on_epoch) on every batch: that costs about 4% of a step.
@@ -285,11 +287,11 @@ class LanguageModule(L.LightningModule, Family):
         """Training tokens per second so far in this epoch."""
         return self._seen / max(time.perf_counter() - self._epoch_start, 1e-9)
 
-    def _settle(self, rows: torch.Tensor | None = None) -> None:
-        """Bring `rows` (every row when None) of the weights under lazy decay up to date (SparseSGD.settle)."""
+    def _settle(self) -> None:
+        """Make the weights under lazy decay true (SparseSGD.settle)."""
         for optimizer in self._trainer.optimizers if self._trainer is not None else ():
             if isinstance(optimizer, SparseSGD):
-                optimizer.settle(rows)
+                optimizer.settle()
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The true weights, lazy decay applied: what checkpoints and Models keep."""

@@ -176,9 +176,8 @@ class NPLMModule(LanguageModule):
         return Head(
             target,
             model.b,
-            None if own else functools.partial(model.output_terms, context),  # terms(sparse)
+            None if own else functools.partial(model.output_terms, context),  # terms(rows)
             previous=context[:, 0],
-            reads=context.flatten(),
             logits=functools.partial(model, context),
             outputs=functools.partial(model.sampled_outputs, context) if own else None,
         )

@@ -11,6 +11,7 @@ h = 0 removes the hidden layer, leaving y = b + W x, so it needs direct connecti
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -44,13 +45,16 @@ class NPLM(nn.Module):
             y = torch.addmm(y, torch.tanh(torch.addmm(self.d, x, self.H.T)), self.U.T)
         return y
 
-    def output_terms(self, context: torch.Tensor, sparse: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def output_terms(
+        self, context: torch.Tensor, rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The (input, weight) pairs of the output layer, y = b + sum of input @ weight.T: (x, W), (tanh(d + Hx), U).
 
         For a loss that computes the output layer itself (bf16_loss, sampled_loss), without forming y here;
-        `sparse`: C's gradient holds only the context words' rows.
+        `rows(weight, index)`: how C's rows are read (a sampled step's SparseSGD.rows: its lazy decay applied, a
+        gradient of the context words' rows only); by default as they are.
         """
-        x = F.embedding(context, self.C, sparse=sparse).flatten(1)
+        x = (F.embedding(context, self.C) if rows is None else rows(self.C, context)).flatten(1)
         terms = [(x, self.W)] if self.W is not None else []
         if self.H is not None:
             terms.append((torch.tanh(self.d + x @ self.H.T), self.U))

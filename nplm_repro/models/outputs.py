@@ -37,7 +37,16 @@ from torch.nn import functional as F
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.classes import ClassOutput, Terms
 from nplm_repro.models.energy import EnergyNPLM
-from nplm_repro.models.sampled_loss import Outputs, Proposal, draw, layer_outputs, sampled_cross_entropy
+from nplm_repro.models.sampled_loss import (
+    Outputs,
+    Proposal,
+    Rows,
+    dense_rows,
+    draw,
+    layer_outputs,
+    sampled_cross_entropy,
+    sparse_rows,
+)
 from nplm_repro.rules import Rule
 
 
@@ -139,44 +148,46 @@ def training_of(optim: Any) -> Training:
 
 @dataclass
 class Head:
-    """What the output layer reads of a batch. `terms(sparse)`: the (input, weight) terms, computed when asked (a
-    sampled step first brings the rows it reads up to date; `sparse`: the word rows' gradients sparse, for
-    SparseSGD). `logits` and `outputs`: the family's own (y over V, y at drawn words), where it computes them
-    otherwise (eq. (1)'s forward) or where y is no sum of products (the energy network, which has no terms);
-    when absent, computed from the terms. `previous`: each row's previous word (the bigram proposal's);
-    `reads`: the input words whose rows the terms read (a sampled step settles them)."""
+    """What the output layer reads of a batch. `terms(rows)`: the (input, weight) terms, computed when asked, the
+    word rows they read read by `rows` (a sampled step's SparseSGD.rows: lazy decay applied, gradients sparse;
+    None: as they are). `logits` and `outputs`: the family's own (y over V, y at drawn words), where it computes
+    them otherwise (eq. (1)'s forward) or where y is no sum of products (the energy network, which has no terms);
+    when absent, computed from the terms. `previous`: each row's previous word (the bigram proposal's)."""
 
     target: torch.Tensor | None  # None: a question (log_probs), no target
     b: torch.Tensor
-    terms: Callable[[bool], Terms] | None = None  # None: a family with its own logits and outputs
+    terms: Callable[[Rows | None], Terms] | None = None  # None: a family with its own logits and outputs
     previous: torch.Tensor | None = None
-    reads: torch.Tensor | None = None
     logits: Callable[[], torch.Tensor] | None = None
-    outputs: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
-    sparse: bool = True  # a sampled step's word rows: sparse gradients (False: a weight tied to the input embedding)
+    outputs: Callable[[torch.Tensor, torch.Tensor, Rows], tuple[torch.Tensor, torch.Tensor]] | None = None
+    sparse: bool = (
+        True  # a sampled step reads the word rows by its `rows` (False: a weight tied to the input embedding)
+    )
 
     def all_logits(self) -> torch.Tensor:
         """y over V, [B, |V|]."""
         if self.logits is not None:
             return self.logits()
         y = self.b
-        for inputs, weight in self.linear(False):
+        for inputs, weight in self.linear():
             y = torch.addmm(y, inputs, weight.T)
         return y
 
-    def sampled_outputs(self) -> Outputs:
-        """For drawn words: y at each row's target and at the words (sampled_loss.layer_outputs)."""
+    def sampled_outputs(self, rows: Rows) -> Outputs:
+        """For drawn words: y at each row's target and at the words (sampled_loss.layer_outputs), the word rows read
+        by `rows` (dense where this head's are not sparse)."""
+        rows = rows if self.sparse else dense_rows
         if self.outputs is not None:
-            return functools.partial(self.outputs, self.target)
-        return layer_outputs(self.linear(self.sparse), self.b, self.target, sparse=self.sparse)
+            return functools.partial(self.outputs, self.target, rows=rows)
+        return layer_outputs(self.linear(rows), self.b, self.target, rows)
 
-    def linear(self, sparse: bool = False) -> Terms:
+    def linear(self, rows: Rows | None = None) -> Terms:
         """The terms; a layer that needs them (bfloat16 products, word classes) needs a family that has them."""
         if self.terms is None:
             raise ValueError(
                 "this output layer needs y = b + sum of input @ weight.T, and this family has no such terms"
             )
-        return self.terms(sparse)
+        return self.terms(rows)
 
 
 class OutputLayer:
@@ -211,20 +222,18 @@ class Bf16Softmax(OutputLayer):
 
 
 class SampledSoftmax(OutputLayer):
-    """`settle(rows)` brings the rows a step reads up to date before it reads them (SparseSGD's lazy decay)."""
+    """`rows(weight, index)` reads the word rows a step reads (SparseSGD.rows: its lazy decay applied)."""
 
     name = "sampled"
 
-    def __init__(self, proposal: Proposal, samples: int, estimator: str, settle: Callable[[torch.Tensor], None]):
-        self.proposal, self.samples, self.estimator, self.settle = proposal, samples, estimator, settle
+    def __init__(self, proposal: Proposal, samples: int, estimator: str, rows: Rows):
+        self.proposal, self.samples, self.estimator, self.rows = proposal, samples, estimator, rows
 
     def loss(self, head: Head) -> torch.Tensor:
         with torch.autocast(head.target.device.type, enabled=False):  # its products are B x k: float32
             q = self.proposal.distribution(head.previous)
             sample = draw(q, self.samples)
-            rows = [head.target, sample.words] + ([head.reads] if head.reads is not None else [])
-            self.settle(torch.cat(rows))
-            return sampled_cross_entropy(head.sampled_outputs(), head.target, q, sample, self.estimator)
+            return sampled_cross_entropy(head.sampled_outputs(self.rows), head.target, q, sample, self.estimator)
 
 
 class Classes(OutputLayer):
@@ -253,14 +262,15 @@ def choose(
     optim: dict[str, Any],
     precision: str,
     proposal: Proposal | None,
-    settle: Callable[[torch.Tensor], None],
+    rows: Rows | None = None,
 ) -> OutputLayer:
     """The layer a run trains with (the module's table): its classes if it has them, else the softmax, sampled
-    (`optim.output`, `training_of`), in bfloat16 (`precision` bf16-mixed) or float32."""
+    (`optim.output`, `training_of`; its word rows read by `rows`, SparseSGD.rows where that trains the module, else
+    with sparse gradients), in bfloat16 (`precision` bf16-mixed) or float32."""
     if classes is not None:
         return Classes(classes)
     if training_of(optim).sampled:
         if proposal is None:
             raise ValueError("sampled training needs its proposal (counted when training starts)")
-        return SampledSoftmax(proposal, optim["samples"], optim["estimator"], settle)
+        return SampledSoftmax(proposal, optim["samples"], optim["estimator"], rows or sparse_rows)
     return Bf16Softmax() if precision == "bf16-mixed" else Softmax()

@@ -9,9 +9,8 @@ classes with `torch.optim.SGD`). What a module's step costs beyond this is the o
 rounding. A floor that computed something else would be no floor.
 
 - `SampledLoop` (optim.output=sampled): the k words drawn from the proposal for the batch, the rows of C, U (and W)
-  and b that the step reads gathered as leaves, settled first (lazy decay: a row missed the decay of the steps
-  that did not read it), the gradient reaching only those leaves, and each added back to its rows with one
-  `index_add_`; H and d dense. The learning rate stays `optim.lr` x batch (the fast recipe's within an epoch).
+  and b that the step reads gathered as leaves (a word weight's times its scale: lazy decay, SparseSGD's), the
+  gradient reaching only those leaves, and each added back to its rows with one `index_add_`; H and d dense. The learning rate stays `optim.lr` x batch (the fast recipe's within an epoch).
 - `ExactLoop`: the loss (the float32 softmax over V, its products in bfloat16 under bf16-mixed, or the word-class
   layer, always float32), backward, then torch's fused SGD as a function, one call per group of weights.
 """
@@ -28,7 +27,7 @@ from torch.optim.sgd import sgd
 from nplm_repro.models.bf16_loss import bf16_cross_entropy
 from nplm_repro.models.classes import ClassOutput
 from nplm_repro.models.nplm import NPLM
-from nplm_repro.models.sampled_loss import ESTIMATORS, Proposal
+from nplm_repro.models.sampled_loss import ESTIMATORS, Proposal, SparseSGD
 
 
 class SampledLoop:
@@ -40,21 +39,16 @@ class SampledLoop:
         self.model, self.proposal, self.optim = model, proposal, optim
         self.lr = optim["lr"] * optim["batch_size"]
         self.keep = 1.0 - self.lr * optim["weight_decay"]
-        self.log_decay = 0.0  # the sum of log(keep) over the steps so far
-        # each word row's log_decay when it was last brought up to date
-        self.settled_at = {id(p): torch.zeros(len(p), dtype=torch.float64, device=p.device) for p in model.word_rows()}
+        # each word weight's scale: it is kept as its true value / scale (SparseSGD's lazy decay)
+        self.scale = {id(p): 1.0 for p in model.word_rows()}
         self.leaves: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, their weight, indices)
 
     @torch.no_grad()
     def _rows(self, weight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The rows of a weight that a step reads, as a leaf for autograd; a word weight's brought up to date first
-        (and written back: SparseSGD's `settle`)."""
+        """The rows of a weight that a step reads, as they truly are, as a leaf for autograd."""
         got = weight.index_select(0, rows)
-        settled_at = self.settled_at.get(id(weight))
-        if settled_at is not None and self.log_decay:
-            got *= (self.log_decay - settled_at[rows]).exp().to(weight.dtype)[:, None]
-            weight.index_copy_(0, rows, got)
-            settled_at.index_fill_(0, rows, self.log_decay)
+        if self.scale.get(id(weight), 1.0) != 1.0:
+            got *= self.scale[id(weight)]
         self.leaves.append((got, weight, rows))
         return got.requires_grad_(weight.requires_grad)
 
@@ -83,15 +77,17 @@ class SampledLoop:
 
     @torch.no_grad()
     def _update(self) -> None:
-        """SparseSGD's step, (1 - lr wd) p - lr g: each gathered leaf's gradient added to its rows (a word row's
-        scaled by 1 / (1 - lr wd): its decay, owed, is applied when it is next read), H and d whole."""
+        """SparseSGD's step, (1 - lr wd) p - lr g: a word weight's decay one factor on its scale, each gathered leaf's
+        gradient added to its rows (a word weight's divided by its new scale), H and d whole."""
         lr, keep = self.lr, self.keep
-        if self.settled_at:
-            self.log_decay += math.log(keep)
+        for weight in self.scale:
+            self.scale[weight] *= keep
         for rows, weight, index in self.leaves:
             if rows.grad is not None:
-                weight.index_add_(0, index, rows.grad, alpha=-lr / keep if id(weight) in self.settled_at else -lr)
+                weight.index_add_(0, index, rows.grad, alpha=-lr / self.scale.get(id(weight), 1.0))
         self.leaves = []
+        if min(self.scale.values(), default=1.0) < SparseSGD.SMALLEST:
+            self.settle()
         for p, decay in ((self.model.H, keep), (self.model.d, 1.0)):
             if p is not None:
                 if decay != 1.0:
@@ -101,13 +97,10 @@ class SampledLoop:
 
     @torch.no_grad()
     def settle(self) -> None:
-        """Every word row brought up to date: the weights as the module's state dict holds them."""
+        """Every word weight made true: the weights as the module's state dict holds them."""
         for weight in self.model.word_rows():
-            settled_at = self.settled_at[id(weight)]
-            if self.log_decay:
-                weight.mul_((self.log_decay - settled_at).exp().to(weight.dtype)[:, None])
-            settled_at.zero_()
-        self.log_decay = 0.0
+            weight.mul_(self.scale[id(weight)])
+            self.scale[id(weight)] = 1.0
 
 
 def _estimate(

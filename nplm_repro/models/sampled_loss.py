@@ -80,22 +80,33 @@ class Proposal:
 
 
 Outputs = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+Rows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (weight, index) -> the weight's rows at index
+
+
+def sparse_rows(weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows `index` of `weight`, their gradient sparse (only these rows, for SparseSGD to update in place)."""
+    return F.embedding(index, weight, sparse=True)
+
+
+def dense_rows(weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows `index` of `weight`, their gradient dense: an output matrix tied to the input embedding gets one
+    from both."""
+    return F.embedding(index, weight)
 
 
 def layer_outputs(
-    terms: list[tuple[torch.Tensor, torch.Tensor]], b: torch.Tensor, target: torch.Tensor, sparse: bool = True
+    terms: list[tuple[torch.Tensor, torch.Tensor]], b: torch.Tensor, target: torch.Tensor, rows: Rows = sparse_rows
 ) -> Outputs:
     """For drawn `words`: y_t of each row's own target [B], and y at `words` for every row [B, len(words)], of the
-    output layer y = b + sum input @ weight.T, from its rows of those words only. Their gradients are sparse (only
-    these rows, for SparseSGD to update in place) unless `sparse` is off: an output matrix tied to the input
-    embedding gets a dense gradient from both."""
+    output layer y = b + sum input @ weight.T, from its rows of those words only, read by `rows` (SparseSGD.rows in
+    training: lazy decay applied, gradients sparse)."""
 
     def outputs(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.cat([target, words])
-        y = b[rows]
+        ids = torch.cat([target, words])
+        y = b[ids]
         y_t, y_s = y[: len(target)], y[len(target) :].expand(len(target), -1)
         for inputs, weight in terms:
-            gathered = F.embedding(rows, weight, sparse=sparse)
+            gathered = rows(weight, ids)
             y_t = y_t + (inputs * gathered[: len(target)]).sum(1)
             y_s = torch.addmm(y_s, inputs, gathered[len(target) :].T)
         return y_t, y_s
@@ -112,8 +123,7 @@ class Sample(NamedTuple):
 
 
 def draw(q: torch.Tensor, samples: int) -> Sample:
-    """k = `samples` words from q [|V|], with replacement, shared by a batch. Drawn before the forward pass, so that
-    the rows it reads can be brought up to date first (SparseSGD's lazy decay)."""
+    """k = `samples` words from q [|V|], with replacement, shared by a batch."""
     return Sample(*torch.unique(torch.multinomial(q, samples, replacement=True), return_counts=True), samples)
 
 
@@ -145,48 +155,37 @@ class SparseSGD(torch.optim.Optimizer):
     """SGD with weight decay, p <- (1 - lr wd) p - lr g, that touches only the rows a step reads or changes.
 
     A sparse gradient is added to its rows only. The decay of the `lazy` weights (the |V|-row matrices: C, U, W) is
-    lazy too: scaling every row each step is a |V|-wide pass through memory, the very cost that sampling avoids.
-    Each param group keeps the running sum of log(1 - lr wd) over its steps, and each lazy row the sum when it was
-    last brought up to date; `settle(rows)` scales those rows by the decay they missed, exp of the difference,
-    which is the product of their missed factors however the learning rate changed meanwhile. A step adds
-    -lr / (1 - lr wd) g to a lazy row, so that the row's next settling (which applies this step's decay too) gives
-    (1 - lr wd) p - lr g, eager decay's update, up to rounding. The caller settles the rows a step reads before
-    its forward pass, and every row (`settle()`) before anything else reads the weights; `state_dict` settles
-    first, so a checkpoint holds the true weights. The param groups are those given, lazy or not, so a checkpoint
-    of plain SGD-shaped groups loads.
+    one number a weight: scaling every row each step is a |V|-wide pass through memory, the very cost that sampling
+    avoids. Such a weight is kept as p / s, s being the product of the decay factors 1 - lr wd of the steps since it
+    was last settled: a step multiplies s by its factor and adds -lr g / s to the rows it changed, which is eager
+    decay's update of every row, up to rounding, however the learning rate changed meanwhile. A step reads a lazy
+    weight's rows through `rows` (the kept rows times s); `settle()` multiplies each lazy weight by its s and sets s
+    to 1, and runs before anything else reads the weights: `state_dict` settles first, so a checkpoint holds the
+    true weights, and so does the module before validation and at the end of training. The param groups are those
+    given, lazy or not, so a checkpoint of plain SGD-shaped groups loads.
     """
+
+    SMALLEST = 1e-6  # a scale below this is settled: the kept weight would be a million times the true one
 
     def __init__(self, params: Any, lr: float, weight_decay: float = 0.0, lazy: Iterable[torch.Tensor] = ()) -> None:
         super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
-        self._lazy = {id(p) for p in lazy}
+        self._scale = {id(p): 1.0 for p in lazy}  # each lazy weight's s
 
-    def _settled_at(self, p: torch.Tensor) -> torch.Tensor:
-        """Each row's running sum of log decay when it was last brought up to date (float64)."""
-        state = self.state[p]
-        if state.get("settled_at") is None or state["settled_at"].dtype != torch.float64:  # new, or loaded as float32
-            state["settled_at"] = torch.zeros(len(p), dtype=torch.float64, device=p.device)
-        return state["settled_at"]
+    def rows(self, weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The rows `index` of `weight` as they are (a lazy weight's kept rows times its s), their gradient sparse:
+        how a sampled step reads the word rows (`Rows`)."""
+        got = F.embedding(index, weight, sparse=True)
+        scale = self._scale.get(id(weight), 1.0)
+        return got if scale == 1.0 else got * scale
 
     @torch.no_grad()
-    def settle(self, rows: torch.Tensor | None = None) -> None:
-        """Apply the decay that `rows` (all rows when None) of every lazy weight missed."""
+    def settle(self) -> None:
+        """Every lazy weight made true: multiplied by its s, which starts again at 1."""
         for group in self.param_groups:
-            total = group.get("log_decay", 0.0)
-            if not total:  # no lazy weight here, or no decay since every row was last brought up to date
-                continue
             for p in group["params"]:
-                if id(p) not in self._lazy:
-                    continue
-                settled_at = self._settled_at(p)
-                if rows is None:
-                    p.mul_((total - settled_at).exp().to(p.dtype)[:, None])
-                    settled_at.zero_()
-                else:
-                    factors = (total - settled_at[rows]).exp().to(p.dtype)[:, None]
-                    p.index_copy_(0, rows, p.index_select(0, rows) * factors)
-                    settled_at.index_fill_(0, rows, total)
-            if rows is None:  # every row is up to date: start the sums again, so they never grow large
-                group["log_decay"] = 0.0
+                if self._scale.get(id(p), 1.0) != 1.0:
+                    p.mul_(self._scale[id(p)])
+                    self._scale[id(p)] = 1.0
 
     def state_dict(self) -> dict[str, Any]:
         self.settle()
@@ -198,19 +197,23 @@ class SparseSGD(torch.optim.Optimizer):
         for group in self.param_groups:
             lr, decay = group["lr"], group["weight_decay"]
             keep = 1.0 - lr * decay
-            if decay and any(id(p) in self._lazy for p in group["params"]):
-                group["log_decay"] = group.get("log_decay", 0.0) + math.log(keep)
             for p in group["params"]:
+                lazy = bool(decay) and id(p) in self._scale
+                if lazy:  # this step's decay, of every row; a row read through `rows` had its gradient times s
+                    before = self._scale[id(p)]
+                    self._scale[id(p)] = before * keep
                 if p.grad is None:
                     continue
-                lazy = decay and id(p) in self._lazy
                 if lazy and not p.grad.is_sparse:
                     raise ValueError("SparseSGD: a lazy weight needs a sparse gradient (only its rows)")
                 if decay and not lazy:
                     p.mul_(keep)
-                alpha = -lr / keep if lazy else -lr
+                alpha = -lr / (before * self._scale[id(p)]) if lazy else -lr
                 if p.grad.is_sparse:
                     p.index_add_(0, p.grad._indices()[0], p.grad._values(), alpha=alpha)
                 else:
                     p.add_(p.grad, alpha=alpha)
+                if lazy and self._scale[id(p)] < self.SMALLEST:
+                    p.mul_(self._scale[id(p)])
+                    self._scale[id(p)] = 1.0
         return loss

@@ -122,7 +122,7 @@ class SequenceModule(LanguageModule):
         rows = h.reshape(-1, h.shape[-1])
         weight = self.output_weight
         # sampled: O tied to the input embedding gets dense gradients from both, so its rows' gradients are dense
-        return Head(target, self.b, lambda sparse: [(rows, weight)], previous=previous, sparse=False)
+        return Head(target, self.b, lambda _: [(rows, weight)], previous=previous, sparse=False)
 
     # -- the interface callers ask (LanguageModule; `reads` is the network's: its StreamReading's length and kind) --
     def word_features(self) -> torch.Tensor:
