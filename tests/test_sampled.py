@@ -198,3 +198,33 @@ def test_sampled_run_is_scored_exactly_on_every_token(brown_path: Path, tmp_path
     epochs = client.get_metric_history(run.info.run_id, "valid_ppl_epoch")
     assert len(epochs) == 2  # validated every epoch, on the first quarter of the split
     assert min(m.value for m in epochs) != pytest.approx(metrics["valid_ppl"], rel=1e-6)
+
+
+def test_a_lazy_weight_is_settled_before_its_scale_grows_small() -> None:
+    """At lr wd = 0.5 each step halves a lazy weight's scale s: 30 steps would leave it at 1e-9 and the kept weight
+    a billion times the true one. SparseSGD settles a weight whose s falls below 1e-6, so the kept weight never
+    exceeds the true one by more than a million, and the weights stay eager decay's."""
+    torch.manual_seed(0)
+    eager, lazy = (NPLM(vocab_size=40, n=3, m=4, h=5, direct=True) for _ in range(2))
+    lazy.load_state_dict(eager.state_dict())
+    q = torch.full((40,), 1 / 40)
+    largest, settled = [], []
+    for model, marked in ((eager, ()), (lazy, lazy.word_rows())):
+        groups = [{"params": model.decayed(), "weight_decay": 1.0}, {"params": model.biases(), "weight_decay": 0.0}]
+        optimizer = SparseSGD(groups, lr=0.5, lazy=marked)
+        torch.manual_seed(1)
+        for _ in range(30):
+            context, target = torch.randint(0, 40, (8, 2)), torch.randint(0, 40, (8,))
+            model.zero_grad()
+            terms = model.output_terms(context, optimizer.rows)
+            sampled_cross_entropy(
+                layer_outputs(terms, model.b, target, optimizer.rows), target, q, draw(q, 4)
+            ).backward()
+            optimizer.step()
+            largest.append(model.U.detach().abs().max().item())
+        optimizer.state_dict()
+        settled.append(model.state_dict())
+    true_size, kept_size = max(largest[:30]), max(largest[30:])
+    assert 1e3 * true_size < kept_size < 1e6 * true_size  # kept apart from the true weight, but never far
+    for name, value in settled[0].items():
+        torch.testing.assert_close(settled[1][name], value, msg=name)
