@@ -221,7 +221,7 @@ class LanguageModule(L.LightningModule, Family):
             self.proposal = Proposal(*pairs, vocab, self.optim["proposal"]).to(self.device)
         # SparseSGD keeps its word weights / their decay: a sampled step reads their rows through it
         sgd = next((o for o in self.trainer.optimizers if isinstance(o, SparseSGD)), None)
-        self.layer = choose(self.classes, self.optim, self.trainer.precision, self.proposal, sgd and sgd.rows)
+        self.layer = choose(self.classes, self.optim, self.trainer.precision, self.proposal, sgd.rows if sgd else None)
 
     def _output_layer(
         self, vocab_size: int, output: str, classes: int | None, widths: list[int], word_classes: torch.Tensor | None

@@ -160,9 +160,7 @@ class Head:
     previous: torch.Tensor | None = None
     logits: Callable[[], torch.Tensor] | None = None
     outputs: Callable[[torch.Tensor, torch.Tensor, Rows], tuple[torch.Tensor, torch.Tensor]] | None = None
-    sparse: bool = (
-        True  # a sampled step reads the word rows by its `rows` (False: a weight tied to the input embedding)
-    )
+    sparse: bool = True  # a sampled step reads the word rows by its `rows` (False: tied to the input embedding)
 
     def all_logits(self) -> torch.Tensor:
         """y over V, [B, |V|]."""

@@ -10,7 +10,8 @@ rounding. A floor that computed something else would be no floor.
 
 - `SampledLoop` (optim.output=sampled): the k words drawn from the proposal for the batch, the rows of C, U (and W)
   and b that the step reads gathered as leaves (a word weight's times its scale: lazy decay, SparseSGD's), the
-  gradient reaching only those leaves, and each added back to its rows with one `index_add_`; H and d dense. The learning rate stays `optim.lr` x batch (the fast recipe's within an epoch).
+  gradient reaching only those leaves, and each added back to its rows with one `index_add_`; H and d dense. The
+  learning rate stays `optim.lr` x batch (the fast recipe's within an epoch).
 - `ExactLoop`: the loss (the float32 softmax over V, its products in bfloat16 under bf16-mixed, or the word-class
   layer, always float32), backward, then torch's fused SGD as a function, one call per group of weights.
 """

@@ -180,12 +180,16 @@ class SparseSGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def settle(self) -> None:
-        """Every lazy weight made true: multiplied by its s, which starts again at 1."""
+        """Every lazy weight made true."""
         for group in self.param_groups:
             for p in group["params"]:
                 if self._scale.get(id(p), 1.0) != 1.0:
-                    p.mul_(self._scale[id(p)])
-                    self._scale[id(p)] = 1.0
+                    self._settle(p)
+
+    def _settle(self, p: torch.Tensor) -> None:
+        """A lazy weight made true: multiplied by its s, which starts again at 1."""
+        p.mul_(self._scale[id(p)])
+        self._scale[id(p)] = 1.0
 
     def state_dict(self) -> dict[str, Any]:
         self.settle()
@@ -214,6 +218,5 @@ class SparseSGD(torch.optim.Optimizer):
                 else:
                     p.add_(p.grad, alpha=alpha)
                 if lazy and self._scale[id(p)] < self.SMALLEST:
-                    p.mul_(self._scale[id(p)])
-                    self._scale[id(p)] = 1.0
+                    self._settle(p)
         return loss
