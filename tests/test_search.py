@@ -140,15 +140,18 @@ def test_the_cpu_hours_stop_the_running_trials_and_start_no_more(brown_path: Pat
 
 
 def both_past_an_epoch(where: Path) -> bool:
-    """Whether both trials have reported an epoch, read from the study's database read-only: Optuna's own
-    `load_study` creates the tables it misses, and when the search is creating them at that moment, one of the two
-    fails on the other's (UNIQUE constraint failed: alembic_version.version_num)."""
+    """Whether both trials have reported an epoch and written its last.ckpt. The report comes first: the pruning
+    callback reports in on_validation_end, and Lightning runs its checkpoint callbacks after every other one, so a
+    signal between the two would stop a run with nothing to resume from (right, but not what these tests are about).
+    The study is read from its database read-only: Optuna's own `load_study` creates the tables it misses, and when
+    the search is creating them at that moment, one of the two fails on the other's (UNIQUE constraint failed:
+    alembic_version.version_num)."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{where}/optuna.db?mode=ro", uri=True)) as study:
             (reported,) = study.execute("SELECT count(DISTINCT trial_id) FROM trial_intermediate_values").fetchone()
     except sqlite3.OperationalError:  # not created yet, or its tables not yet
         return False
-    return reported == 2
+    return reported == 2 and len(list(where.glob("multirun/*/*/*/checkpoints/last.ckpt"))) == 2
 
 
 def stopped_search(brown_path: Path, where: Path, *overrides: str, env: dict[str, str] | None = None) -> pd.DataFrame:
