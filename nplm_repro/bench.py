@@ -26,8 +26,11 @@ dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 oth
   Lightning, no optimiser object), for the lines `bench.what` names with it (all three when it names none):
   `plain exact <precision>` for each precision the `train` lines resolve to, `plain sampled` (not for the energy
   network) and `plain classes` (float32, as eq. (1)'s class layer computes whatever the precision). Each of those
-  training lines then gives `x_plain`, its rate against its floor: the gap is Lightning's loop, the optimiser's and
-  the step's own Python and operators;
+  training lines then runs a round of its floor after each of its own rounds and gives `x_plain`, the median of its
+  rounds' rates against the floor's rounds' (`x_plain_range`: the lowest and highest of those ratios), and the
+  floor's median in those rounds (`plain_tokens_per_s`): the gap is Lightning's loop, the optimiser's and the step's
+  own Python and operators. Paired round by round, the ratio holds where the machine moves: two lines timed minutes
+  apart each moved by a third on a VM;
 - train: the family's LightningModule in a real Trainer, the softmax over V trained exactly, for each precision in
   `bench.precisions`; the `auto` line says what `trainer.precision=auto` resolved to here (`resolved`) and the
   probe's rates it chose by;
@@ -78,11 +81,11 @@ from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.outputs import TRAININGS, output_of, training_of
 from nplm_repro.models.precision import PRECISIONS, job_precision
 from nplm_repro.models.speed import (
+    PlainFloor,
     baseline,
     ceiling,
     device_of,
     matmul_rates,
-    plain_steps,
     profile_steps,
     rows_per_token,
     train_steps,
@@ -242,7 +245,7 @@ def bench(cfg: DictConfig) -> None:
         rows = {"exact": vocab, "sampled": drawn.samples + 1}.get(layer) or rows_per_token(trained, corpus)
         return 3 * probe.flops_per_token(rows)
 
-    floors: dict[str, float] = {}  # the plain lines' tokens/s, by the line they are the floor of
+    floors: dict[str, PlainFloor] = {}  # the plain loops, by the line they are the floor of
     if "plain" in what:  # the floors of the training lines named with it, or of all of them
         named = what & {"train", "sampled", "classes"} or {"train", "sampled", "classes"}
         layers = [(f"exact {p}", exact, p) for p in dict.fromkeys(c for c, _ in concrete.values()) if "train" in named]
@@ -251,19 +254,14 @@ def bench(cfg: DictConfig) -> None:
         if "classes" in named:  # eq. (1)'s class layer computes in float32 whatever the precision
             layers.append(("classes", classes, "32-true"))
         for name, layer_cfg, precision in layers:
-            result, trained = plain_steps(layer_cfg, corpus, precision)
-            floors[name] = result["tokens_per_s"]
-            matmul = rates["bfloat16" if precision.startswith("bf16") else "float32"]
-            emit(f"plain {name}", **result, **ceiling(flops(name.split()[0], trained), result, matmul), **shape)
-
-    def x_plain(result: dict[str, Any], line: str) -> dict[str, float]:
-        """The line's rate against its plain floor, when measured."""
-        return {"x_plain": result["tokens_per_s"] / floors[line]} if line in floors else {}
+            floors[name] = floor = PlainFloor(layer_cfg, corpus, precision)
+            result, matmul = floor.rate(), rates["bfloat16" if precision.startswith("bf16") else "float32"]
+            emit(f"plain {name}", **result, **ceiling(flops(name.split()[0], floor.module), result, matmul), **shape)
 
     module, speeds = None, {}
     for precision in cfg.bench.precisions if what & {"train", "eval", "mixture", "classes"} else []:
         resolved, tags = concrete[precision]  # as nplm-train would
-        result, module = train_steps(exact, corpus, resolved)
+        result, module = train_steps(exact, corpus, resolved, floors.get(f"exact {resolved}"))
         speeds[precision] = result["tokens_per_s"]
         if "train" in what:
             chosen = {"resolved": resolved, **{k.removeprefix("precision."): v for k, v in tags.items()}}
@@ -272,18 +270,16 @@ def bench(cfg: DictConfig) -> None:
                 f"train {precision}",
                 **result,
                 **ceiling(train_flops, result, matmul),
-                **x_plain(result, f"exact {resolved}"),
                 **(chosen if precision == "auto" else {}),
                 **shape,
             )
     if "sampled" in what:
-        result, trained = train_steps(sampled, corpus, "32-true")
+        result, trained = train_steps(sampled, corpus, "32-true", floors.get("sampled"))
         speedups = {f"x_{p}": result["tokens_per_s"] / speed for p, speed in speeds.items()}
         emit(
             "train sampled",
             **result,
             **ceiling(flops("sampled", trained), result, rates["float32"]),
-            **x_plain(result, "sampled"),
             samples=drawn.samples,
             proposal=drawn.proposal,
             estimator=drawn.estimator,
@@ -296,12 +292,11 @@ def bench(cfg: DictConfig) -> None:
     if "classes" in what:
         for precision in cfg.bench.precisions:
             resolved = concrete[precision][0]
-            result, trained = train_steps(classes, corpus, resolved)
+            result, trained = train_steps(classes, corpus, resolved, floors.get("classes"))
             emit(
                 f"train classes {precision}",
                 **result,
                 **ceiling(flops("classes", trained), result, rates["float32"]),  # its small products: float32
-                **x_plain(result, "classes"),
                 resolved=resolved,
                 classes=len(trained.classes.size),
                 class_method=classes.model.class_method,

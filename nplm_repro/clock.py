@@ -50,10 +50,14 @@ class Clock:
         self._mark = now
         return len(self.rounds) == self.repeats
 
+    def round_rates(self, per_token: float = 1.0) -> list[float]:
+        """Each round's tokens/s (times `per_token`), in the order the rounds ran."""
+        return [tokens / seconds * per_token for seconds, tokens, _ in self.rounds]
+
     def report(self, unit: str, rate: str = "tokens_per_s", per_token: float = 1.0) -> dict[str, Any]:
         """The median round's rate (tokens/s, times `per_token` as `rate`), the slowest and fastest round's, and what
         they rest on: seconds timed, rounds and units (`unit`: steps or passes), all rounds together."""
-        rates = sorted(tokens / seconds * per_token for seconds, tokens, _ in self.rounds)
+        rates = sorted(self.round_rates(per_token))
         return {
             rate: statistics.median(rates),
             f"{rate}_range": [rates[0], rates[-1]],

@@ -5,7 +5,10 @@ and the exact validation; bench.py's doc says what each of its lines is), on the
 
 from __future__ import annotations
 
+import functools
+import statistics
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -111,31 +114,59 @@ def baseline(cfg: DictConfig, corpus: Corpus) -> dict[str, Any]:
     return clock.report("steps")
 
 
-def plain_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], LanguageModule]:
-    """Training tokens/s of the family's step as the simplest loop that computes the same (its `plain_loop`: no
-    Lightning, no optimiser object), on the MLP's device, over the same shuffled batches, after the warm-up."""
-    module = build_module(cfg, corpus).to(device_of(cfg))
-    batches = module.reads.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
-    loop = module.plain_loop(precision, batches)
-    batches.to(module.device)
-    clock, done, epoch = step_clock(cfg, cfg.bench.warmup), False, 0
-    while not done:  # as many epochs as the rounds take
-        batches.set_epoch(epoch)
-        epoch += 1
+class PlainFloor:
+    """The family's step as the simplest loop that computes the same (its `plain_loop`: no Lightning, no optimiser
+    object), on the MLP's device, over the same shuffled batches, warmed up by the bench's untimed steps, and timed a
+    round at a time: a training line's rounds alternate with its floor's, so `x_plain` compares two rates the
+    machine gave within the same seconds. Timed minutes apart, the two moved by a third between runs on a VM
+    (docs/performance.md), more than the gap they measure."""
+
+    def __init__(self, cfg: DictConfig, corpus: Corpus, precision: str) -> None:
+        self.cfg, self.module = cfg, build_module(cfg, corpus).to(device_of(cfg))
+        self._batches = self.module.reads.batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
+        self.loop = self.module.plain_loop(precision, self._batches)
+        self._batches.to(self.module.device)
+        self._epoch = 0
+        self._next = self._shuffled()
+        warmup = step_clock(cfg, cfg.bench.warmup)
+        for _ in range(cfg.bench.warmup):
+            warmup.tick(self._step())
+
+    def _shuffled(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._batches.set_epoch(self._epoch)
+        self._epoch += 1
+        return iter(self._batches)
+
+    def _step(self) -> int:
+        """One step on the next batch, the next epoch's first once an epoch ends: the tokens it trained."""
+        batch = next(self._next, None)
+        if batch is None:
+            self._next = self._shuffled()
+            batch = next(self._next)
+        self.loop.step(*batch)
+        return len(batch[1])
+
+    def run_round(self, clock: Clock) -> None:
+        """Steps until `clock` has one more round, counted from now: what ran before is not the floor's."""
+        rounds = len(clock.rounds)
         clock.resume()
-        for context, target in batches:
-            loop.step(context, target)
-            if done := clock.tick(len(target)):
-                break
-    return clock.report("steps"), module
+        while len(clock.rounds) == rounds:
+            clock.tick(self._step())
+
+    def rate(self) -> dict[str, Any]:
+        """Its own line: the bench's rounds of it, one after another."""
+        clock = step_clock(self.cfg, 0)
+        while len(clock.rounds) < clock.repeats:
+            self.run_round(clock)
+        return clock.report("steps")
 
 
 class _StepClock(Callback):
-    """Ticks the clock after each training step, leaves out what comes between epochs (validation), and stops
-    the training once the clock's last round is done."""
+    """Ticks the clock after each training step, leaves out what comes between epochs (validation), runs `between`
+    after each round (outside the clock) and stops the training once the clock's last round is done."""
 
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
+    def __init__(self, clock: Clock, between: Callable[[], None] = lambda: None) -> None:
+        self.clock, self.between = clock, between
 
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.clock.resume()
@@ -143,7 +174,12 @@ class _StepClock(Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, out: Any, batch: Any, index: int
     ) -> None:
-        if self.clock.tick(batch[1].numel()):  # a window's target, or a sequence batch's rows of targets
+        rounds = len(self.clock.rounds)
+        done = self.clock.tick(batch[1].numel())  # a window's target, or a sequence batch's rows of targets
+        if len(self.clock.rounds) > rounds:
+            self.between()
+            self.clock.resume()
+        if done:
             trainer.should_stop = True  # Lightning then validates once (the clock has stopped) and ends the fit
 
 
@@ -217,11 +253,23 @@ def _fit(cfg: DictConfig, corpus: Corpus, precision: str, callback: Callback) ->
     return module
 
 
-def train_steps(cfg: DictConfig, corpus: Corpus, precision: str) -> tuple[dict[str, Any], LanguageModule]:
-    """Training tokens/s of the family's module in a real Lightning Trainer (as nplm-train runs it, without validation)."""
-    clock = step_clock(cfg, cfg.bench.warmup)
-    module = _fit(cfg, corpus, precision, _StepClock(clock))
-    return clock.report("steps"), module
+def train_steps(
+    cfg: DictConfig, corpus: Corpus, precision: str, floor: PlainFloor | None = None
+) -> tuple[dict[str, Any], LanguageModule]:
+    """Training tokens/s of the family's module in a real Lightning Trainer (as nplm-train runs it, without
+    validation); with its `floor`, a round of the floor after each of its own: `x_plain`, the median of the rounds'
+    ratios to the floor's, with their lowest and highest (`x_plain_range`), and `plain_tokens_per_s`, the median of
+    the floor's rounds."""
+    clock, paired = step_clock(cfg, cfg.bench.warmup), step_clock(cfg, 0)
+    between = functools.partial(floor.run_round, paired) if floor else lambda: None
+    module = _fit(cfg, corpus, precision, _StepClock(clock, between))
+    result = clock.report("steps")
+    if floor:
+        ratios = sorted(ours / its for ours, its in zip(clock.round_rates(), paired.round_rates(), strict=True))
+        floors = paired.round_rates()
+        result |= {"x_plain": statistics.median(ratios), "x_plain_range": [ratios[0], ratios[-1]]}
+        result["plain_tokens_per_s"] = statistics.median(floors)
+    return result, module
 
 
 def rows_per_token(module: LanguageModule, corpus: Corpus) -> float:
