@@ -29,8 +29,8 @@ dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 oth
   training lines then runs a round of its floor after each of its own rounds and gives `x_plain`, the median of its
   rounds' rates against the floor's rounds' (`x_plain_range`: the lowest and highest of those ratios), and the
   floor's median in those rounds (`plain_tokens_per_s`): the gap is Lightning's loop, the optimiser's and the step's
-  own Python and operators. Paired round by round, the ratio holds where the machine moves: two lines timed minutes
-  apart each moved by a third on a VM;
+  own Python and operators. Paired round by round, the two rates share the machine's state of the same seconds:
+  timed minutes apart, each had moved by a third on a VM;
 - train: the family's LightningModule in a real Trainer, the softmax over V trained exactly, for each precision in
   `bench.precisions`; the `auto` line says what `trainer.precision=auto` resolved to here (`resolved`) and the
   probe's rates it chose by;
