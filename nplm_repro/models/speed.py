@@ -130,19 +130,21 @@ class PlainFloor:
         self._next = self._shuffled()
         warmup = step_clock(cfg, cfg.bench.warmup)
         for _ in range(cfg.bench.warmup):
-            warmup.tick(self._step())
+            warmup.tick(self._step(warmup))
 
     def _shuffled(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._batches.set_epoch(self._epoch)
         self._epoch += 1
         return iter(self._batches)
 
-    def _step(self) -> int:
-        """One step on the next batch, the next epoch's first once an epoch ends: the tokens it trained."""
+    def _step(self, clock: Clock) -> int:
+        """One step on the next batch, the next epoch's first once an epoch ends (its shuffle outside `clock`, as the
+        training line's epoch start is outside its own): the tokens it trained."""
         batch = next(self._next, None)
         if batch is None:
             self._next = self._shuffled()
             batch = next(self._next)
+            clock.resume()
         self.loop.step(*batch)
         return len(batch[1])
 
@@ -151,7 +153,7 @@ class PlainFloor:
         rounds = len(clock.rounds)
         clock.resume()
         while len(clock.rounds) == rounds:
-            clock.tick(self._step())
+            clock.tick(self._step(clock))
 
     def rate(self) -> dict[str, Any]:
         """Its own line: the bench's rounds of it, one after another."""
@@ -265,8 +267,8 @@ def train_steps(
     module = _fit(cfg, corpus, precision, _StepClock(clock, between))
     result = clock.report("steps")
     if floor:
-        ratios = sorted(ours / its for ours, its in zip(clock.round_rates(), paired.round_rates(), strict=True))
         floors = paired.round_rates()
+        ratios = sorted(ours / its for ours, its in zip(clock.round_rates(), floors, strict=True))
         result |= {"x_plain": statistics.median(ratios), "x_plain_range": [ratios[0], ratios[-1]]}
         result["plain_tokens_per_s"] = statistics.median(floors)
     return result, module
