@@ -1,51 +1,84 @@
 """A sweep's one progress line (nplm_repro/sweeping/console.py) and the job status it reads (nplm_repro/progress.py)."""
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_module
 
 from nplm_repro.progress import STATUS_ENV, read_status, report_status
-from nplm_repro.sweeping.console import duration, progress_line
+from nplm_repro.sweeping.console import Plan, duration, job_key, plan, progress_line
+
+
+MLP1, MLP3, KN3, MLP2 = "experiment=mlp1", "experiment=mlp3", "experiment=kn3", "experiment=mlp2"
+# Table 1 in small: two MLPs (trained), a Kneser-Ney row (counted) and a mixture (mixed), three seeds each
+ROWS = ((MLP1, "trained"), (MLP3, "trained"), (KN3, "counted"), (MLP2, "mixed"))
+TABLE = Plan(tuple(row for row in ROWS for _ in range(3)), workers=2)
+NOW = 10_000.0
 
 
 def test_the_line_counts_jobs_names_the_running_ones_and_estimates_the_time_left() -> None:
     statuses = [
-        {"row": "MLP9", "state": "training", "epoch": 3, "max_epochs": 5},  # 2 of 5 epochs done: 0.4 of a job
-        {"row": "Del. Int.", "state": "done"},
-        {"row": "MLP10", "state": "waiting"},
-        {"row": "Kneser-Ney back-off", "state": "failed", "error": "boom"},
+        {"row": "MLP1", "job": MLP1, "state": "training", "epoch": 3, "max_epochs": 5, "started": NOW - 120},
+        {"row": "Kneser-Ney back-off", "job": KN3, "state": "done", "seconds": 40.0},
+        {"row": "MLP2", "job": MLP2, "state": "waiting", "started": NOW - 10},
+        {"row": "MLP3", "job": MLP3, "state": "failed", "error": "boom"},
     ]
-    line = progress_line("quickstart", 4, statuses, elapsed=120.0)
-    # 2.4 of 4 jobs in 120 s: 1.6 more take 80 s
-    assert line == "quickstart: 1/4 done, 2 running, 1 failed | MLP9 epoch 3/5, MLP10 waiting | ~1m20s left"
+    line = progress_line("table", TABLE, statuses, elapsed=120.0, now=NOW)
+    # MLP1: 2 epochs in 120 s, 3 to go: 180 s; 2 more MLP1 and 2 MLP3 at its pace, 300 s each: 1,200 s; 2 more
+    # Kneser-Ney rows, 40 s each: 80 s; three mixtures untimed. 1,460 s on 2 workers: 730 s
+    assert line == "table: 1/12 done, 2 running, 1 failed | MLP1 epoch 3/5, MLP2 waiting | ~12m10s left, 3 untimed"
 
 
-def test_the_line_says_nothing_of_the_time_left_before_any_progress_and_the_time_taken_at_the_end() -> None:
-    assert (
-        progress_line("s", 2, [{"row": "MLP1", "state": "running"}], 5.0) == "s: 0/2 done, 1 running, 0 failed | MLP1"
-    )
-    done = [{"row": r, "state": "done"} for r in ("MLP1", "MLP2")]
-    assert progress_line("s", 2, done, 3725.0) == "s: 2/2 done, 0 running, 0 failed | 1h02m"
+def test_the_first_mlps_minutes_are_not_taken_for_the_pace_of_the_rows_that_only_count() -> None:
+    """Table 1 said ~4h44m left for a sweep of 50 minutes: its first MLP took 9 minutes, and the display took every
+    job to come for one as long, though the 48 n-gram and mixed jobs after the 15 MLPs take seconds to a minute."""
+    statuses = [{"row": "MLP1", "job": MLP1, "state": "done", "seconds": 540.0} for _ in range(3)]
+    statuses += [{"row": "MLP3", "job": MLP3, "state": "done", "seconds": 300.0} for _ in range(3)]
+    statuses += [{"row": "Kneser-Ney back-off", "job": KN3, "state": "done", "seconds": 60.0}]
+    statuses += [{"row": "Kneser-Ney back-off", "job": KN3, "state": "done", "seconds": 2.0}]  # its run found made
+    line = progress_line("table", TABLE, statuses, elapsed=2600.0, now=NOW)
+    # one Kneser-Ney row to go, 60 s (not 2 s, nor an MLP's minutes), beside three mixtures not yet timed
+    assert line == "table: 8/12 done, 0 running, 0 failed | ~30s left, 3 untimed"
+    mixed = statuses + [{"row": "MLP2", "job": MLP2, "state": "done", "seconds": 40.0}]
+    assert progress_line("table", TABLE, mixed, elapsed=2600.0, now=NOW).endswith("| ~1m10s left")  # 140 s on 2
 
 
-def test_jobs_that_found_their_run_made_tell_nothing_of_the_pace() -> None:
-    """brown_sampled in a store that holds Table 1's sampled MLPs: five jobs adopt theirs in seconds, five train."""
-    statuses = [{"row": f"MLP{i}", "state": "done", "seconds": 2.0} for i in (1, 3, 5, 7, 9)]
-    statuses += [{"row": "MLP9", "state": "training", "epoch": 3, "max_epochs": 20}]
-    # 2 of MLP9's 20 epochs in 600 s: 0.1 of the 5 jobs that train, so 4.9 more take 29,400 s
-    line = progress_line("brown_sampled", 10, statuses, elapsed=600.0)
-    assert line == "brown_sampled: 5/10 done, 1 running, 0 failed | MLP9 epoch 3/20 | ~8h10m left"
-    assert "left" not in progress_line("s", 2, [{"row": "MLP1", "state": "done", "seconds": 1.0}], 5.0)  # no pace yet
+def test_the_line_says_nothing_of_the_time_left_before_any_job_is_timed_and_the_time_taken_at_the_end() -> None:
+    running = [{"row": "MLP1", "job": MLP1, "state": "running", "started": NOW - 5}]
+    assert progress_line("s", TABLE, running, 5.0, NOW) == "s: 0/12 done, 1 running, 0 failed | MLP1"
+    quick = [{"row": "MLP1", "job": MLP1, "state": "done", "seconds": 1.0}]
+    assert "left" not in progress_line("s", TABLE, quick, 5.0, NOW)  # a run found made tells nothing
+    done = [{"row": "MLP1", "job": key, "state": "done"} for key, _ in TABLE.jobs]
+    assert progress_line("s", TABLE, done, 3725.0, NOW) == "s: 12/12 done, 0 running, 0 failed | 1h02m"
 
 
 def test_epochs_a_resumed_job_had_trained_before_this_launch_are_not_its_pace() -> None:
-    """brown_extensions resumed: two jobs pick up at their epoch 11 of 20 and finish, two more start."""
-    statuses = [{"row": r, "state": "done", "epochs_before": 10, "max_epochs": 20, "seconds": 600.0} for r in "AB"]
-    statuses += [{"row": "C", "state": "training", "epochs_before": 0, "epoch": 1, "max_epochs": 20}]
-    statuses += [{"row": "D", "state": "running", "epochs_before": 5, "max_epochs": 20}]  # before its first epoch
-    # of 30 jobs, 1.25 were trained before (A, B: 10/20 each, D: 5/20); of the 28.75 left, 1 took 600 s: 27.75 more
-    line = progress_line("brown_extensions", 30, statuses, elapsed=600.0)
-    assert line == "brown_extensions: 2/30 done, 2 running, 0 failed | C epoch 1/20, D | ~4h37m left"
+    """A study resumed: an MLP1 picked up at its epoch 11 of 20 and finished in 600 s, so a whole one takes
+    1,200 s; another MLP1, resumed at its epoch 16, has a quarter of that to go; an MLP3 trains from its start."""
+    resumed = {"row": "MLP1", "job": MLP1, "epochs_before": 10, "max_epochs": 20}
+    statuses = [resumed | {"state": "done", "seconds": 600.0}]
+    statuses += [resumed | {"state": "running", "epochs_before": 15, "started": NOW - 100}]  # before its 1st epoch
+    statuses += [{"row": "MLP3", "job": MLP3, "state": "training", "epoch": 1, "max_epochs": 20, "started": NOW}]
+    line = progress_line("resumed", TABLE, statuses, elapsed=700.0, now=NOW)
+    # MLP1: 300 - 100 s to go, and one more whole: 1,200 s; MLP3 as MLP1 (trained) 3 times, 3,600 s less the
+    # running one's 0 s in; 5,000 s on 2 workers
+    assert line == "resumed: 1/12 done, 2 running, 0 failed | MLP1, MLP3 epoch 1/20 | ~41m40s left, 6 untimed"
+
+
+def test_a_sweep_plans_each_job_by_its_overrides_less_the_seed_and_its_familys_kind(brown_path: Path) -> None:
+    """brown_table1 composed as `nplm-train -m study=brown_table1` composes it: 21 rows, here three jobs at a time;
+    a job's key is what its own config will give (`hydra.overrides.task`, Hydra's own keys apart)."""
+    overrides = ["study=brown_table1", f"data.path={brown_path}"]
+    with initialize_config_module(config_module="nplm_repro.conf", version_base="1.3"):
+        config = compose("config", overrides=[*overrides, "hydra.launcher.n_jobs=3"], return_hydra_config=True)
+        planned = plan(config)
+    kinds = dict(planned.jobs)
+    assert len(planned.jobs) == len(kinds) == 21 and planned.workers == 3
+    assert Counter(kinds.values()) == {"trained": 5, "counted": 11, "mixed": 5}
+    assert kinds[job_key(["experiment=mlp9", "seed=2", *overrides])] == "trained"
+    assert kinds[job_key(["experiment=mlp10", *overrides])] == "mixed"
+    assert kinds[job_key(["experiment=kn5", *overrides])] == "counted"
 
 
 @pytest.mark.parametrize("seconds,text", [(0, "0s"), (59.9, "59s"), (60, "1m00s"), (185, "3m05s"), (7200, "2h00m")])

@@ -10,8 +10,10 @@ its output on the terminal as a single run's: a failed job gets the same line of
 `<job>.log` in its job directory), as every job of the sweep ends, where Hydra would say only the first error.
 SLURM's jobs have their own logs and searches (Optuna's) keep their output as it is.
 
-A job says where it is through its status file (nplm_repro/progress.py): its row when it starts, the epoch it
-trains, whether it waits for another job's MLP, and how it ended.
+A job says where it is through its status file (nplm_repro/progress.py): its row, its overrides less its seed
+(`job_key`) and the time when it starts, the epoch it trains, whether it waits for another job's MLP, and how it
+ended. The time left (`time_left`) costs each job by those of its key, or of its family's kind (`plan`: trained,
+counted, mixed), that were timed: Table 1's first MLP takes minutes, its baselines and mixtures seconds.
 """
 
 from __future__ import annotations
@@ -23,22 +25,31 @@ import shutil
 import sys
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from joblib import effective_n_jobs
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nplm_repro.errors import one_line
+from nplm_repro.family import family_of
 from nplm_repro.progress import STATUS_ENV, add_display, read_status, report_status
 from nplm_repro.sweeping.sweep import KNOWN_JOBS, jobs
+from nplm_repro.tracking.study_rows import less_seed
 
 OUTPUT_LOG = "output.log"  # in each job's directory: everything the job printed
 STATUS_DIR = ".jobs"  # in the sweep's directory: one status file per job, <job number>.json
 FINAL = ("done", "failed")
-QUICK = 30.0  # seconds: a job done this fast found its run made (skipped, adopted) and tells nothing of the pace
+QUICK = 30.0  # seconds: a job done this fast found its run made (skipped, adopted) and tells nothing of the cost
 BASIC_LAUNCHER = f"{BasicLauncher.__module__}.{BasicLauncher.__name__}"  # one job at a time, in this process
 
 
@@ -58,12 +69,97 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapsed: float) -> str:
-    """The display's one line: `quickstart: 1/4 done, 2 running, 0 failed | MLP9 epoch 2/3, Del. Int. | ~1m20s left`.
+@dataclass(frozen=True)
+class Plan:
+    """What the time left needs of a sweep before its jobs start: each job's `job_key` and its family's kind
+    (trained, counted, mixed; None where it does not compose), and how many jobs run at once."""
 
-    The time left assumes the rest goes at the pace so far, a running MLP counting by its epochs done; jobs that
-    ended within `QUICK` seconds (a run found made) count neither as work nor as work done, nor do the epochs a
-    resumed job had trained before this launch (`epochs_before`)."""
+    jobs: tuple[tuple[str, str | None], ...]
+    workers: int = 1
+
+
+def job_key(overrides: Iterable[str]) -> str:
+    """A job's overrides less its seed, as one string: jobs that differ only in their seed cost alike."""
+    return " ".join(sorted(less_seed(overrides)))
+
+
+def plan(config: DictConfig) -> Plan:
+    """The sweep's jobs as the time left costs them, each kind of job composed once (as `compose_jobs` composes
+    them) and its family asked its kind: a row not yet timed is costed as the timed rows of its kind, so that the
+    first MLP's minutes are not taken for the pace of the baselines' seconds."""
+    loader = GlobalHydra.instance().config_loader()
+    kinds: dict[str, str | None] = {}
+    every = []
+    for job in jobs(config):
+        key = job_key(job)
+        if key not in kinds:
+            try:
+                composed = loader.load_sweep_config(config, list(job))
+                kinds[key] = family_of(composed.model).kind(composed)
+            except (HydraException, OmegaConfBaseException, ImportError, AttributeError):
+                kinds[key] = None  # refused before any job (sweep.py `compose_jobs`), or fails as its own job
+        every.append((key, kinds[key]))
+    return Plan(tuple(every), effective_n_jobs(OmegaConf.select(config, "hydra.launcher.n_jobs", default=1)))
+
+
+def _share(status: dict[str, Any]) -> float:
+    """Of a whole job, what this launch does: a resumed job's epochs trained before it (`epochs_before`) are done."""
+    max_epochs = status.get("max_epochs")
+    return 1 - status.get("epochs_before", 0) / max_epochs if max_epochs else 1.0
+
+
+def _pace(status: dict[str, Any], now: float) -> float | None:
+    """Seconds an epoch of a training job takes at this launch's pace; None before its first epoch here."""
+    trained = status.get("epoch", 1) - 1 - status.get("epochs_before", 0)
+    if status.get("state") != "training" or trained <= 0 or "started" not in status:
+        return None
+    return (now - status["started"]) / trained
+
+
+def time_left(plan: Plan, statuses: list[dict[str, Any]], now: float) -> tuple[float | None, int]:
+    """Seconds until the sweep ends, and how many jobs that leaves out (their kind of row not yet timed).
+
+    A training job has left its epochs to go at its own pace. Any other job not done costs what the done jobs of
+    its key cost, else what its key's training jobs are on pace to cost (`max_epochs` at their pace), else what the
+    timed keys of its family's kind cost; a started one less its seconds so far. The sum is shared among the
+    workers. A job that ended within `QUICK` seconds found its run made and tells nothing of the cost, nor do the
+    epochs a resumed job had trained before this launch. None before anything is timed."""
+    done: dict[str, list[float]] = {}
+    on_pace: dict[str, list[float]] = {}
+    for status in statuses:
+        key, share = status.get("job", ""), _share(status)
+        if status.get("state") == "done" and status.get("seconds", 0.0) >= QUICK and share > 0:
+            done.setdefault(key, []).append(status["seconds"] / share)
+        elif (pace := _pace(status, now)) is not None:
+            on_pace.setdefault(key, []).append(pace * status["max_epochs"])
+    of_key = {key: sum(c) / len(c) for key, c in (on_pace | done).items()}
+    if not of_key:
+        return None, 0
+    kinds = dict(plan.jobs)
+    alike: dict[str | None, list[float]] = {}
+    for key, cost in of_key.items():
+        alike.setdefault(kinds.get(key), []).append(cost)
+    of_kind = {kind: sum(c) / len(c) for kind, c in alike.items() if kind is not None}
+    running = [s for s in statuses if s.get("state") not in FINAL]
+    pending = Counter(key for key, _ in plan.jobs) - Counter(s.get("job", "") for s in statuses)
+    left, untimed = 0.0, 0
+    for status in [*running, *({"job": key} for key in pending.elements())]:
+        key = status.get("job", "")
+        cost = of_key.get(key, of_kind.get(kinds.get(key)))
+        if (pace := _pace(status, now)) is not None:
+            left += pace * (status["max_epochs"] - status["epoch"] + 1)
+        elif cost is None:
+            untimed += 1
+        else:
+            left += max(0.0, cost * _share(status) - (now - status.get("started", now)))
+    return left / max(1, min(plan.workers, len(running) + pending.total())), untimed
+
+
+def progress_line(study: str, plan: Plan, statuses: list[dict[str, Any]], elapsed: float, now: float) -> str:
+    """The display's one line: `quickstart: 1/4 done, 2 running, 0 failed | MLP9 epoch 2/3, Del. Int. | ~1m20s left`,
+    with `, 3 untimed` where jobs of a kind of row not yet timed are left out of the time left (`time_left`), and
+    the time the sweep took once every job has ended."""
+    total = len(plan.jobs)
     done = sum(s.get("state") == "done" for s in statuses)
     failed = sum(s.get("state") == "failed" for s in statuses)
     running = [s for s in statuses if s.get("state") not in FINAL]
@@ -78,15 +174,12 @@ def progress_line(study: str, total: int, statuses: list[dict[str, Any]], elapse
         shown.append(what)
     if shown:
         parts.append(", ".join(shown))
-    quick = sum(s.get("state") in FINAL and s.get("seconds", QUICK) < QUICK for s in statuses)
-    at = [(s.get("epoch", s.get("epochs_before", 0) + 1) - 1, s["max_epochs"]) for s in running if s.get("max_epochs")]
-    partly = sum(epochs / max_epochs for epochs, max_epochs in at)
-    before = sum(s.get("epochs_before", 0) / s["max_epochs"] for s in statuses if s.get("max_epochs"))
-    finished, work = done + failed - quick + partly - before, total - quick - before
     if done + failed >= total:
         parts.append(f"{duration(elapsed)}")
-    elif 0 < finished < work:
-        parts.append(f"~{duration(elapsed * (work - finished) / finished)} left")
+        return " | ".join(parts)
+    left, untimed = time_left(plan, statuses, now)
+    if left is not None:
+        parts.append(f"~{duration(left)} left" + (f", {untimed} untimed" if untimed else ""))
     return " | ".join(parts)
 
 
@@ -131,13 +224,13 @@ class SweepConsole(Callback):
         self.in_process = config.hydra.launcher._target_ == BASIC_LAUNCHER
         if "joblib" not in config.hydra.launcher._target_:
             return
-        total = len(jobs(config))
+        jobs_plan = plan(config)
         self.status_dir = Path(str(config.hydra.sweep.dir)).resolve() / STATUS_DIR
         self.status_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.status_dir.glob("*.json"):  # a sweep run again into the same directory
             stale.unlink()
         study = config.get("study") or "sweep"
-        self._thread = threading.Thread(target=self._draw, args=(study, total, sys.stderr), daemon=True)
+        self._thread = threading.Thread(target=self._draw, args=(study, jobs_plan, sys.stderr), daemon=True)
         self._thread.start()
         add_display(self.close)
 
@@ -151,14 +244,14 @@ class SweepConsole(Callback):
             self._thread.join(timeout=10)
             self._thread = None
 
-    def _draw(self, study: str, total: int, out: TextIO) -> None:
+    def _draw(self, study: str, jobs_plan: Plan, out: TextIO) -> None:
         start, tty = time.monotonic(), out.isatty()
         said: dict[str, str] = {}  # per job, the state last written (not on a terminal) or reported (failures)
         last = ""
         while True:
             stopping = self._stop.wait(self.every)
             statuses = {p.stem: read_status(p) for p in sorted(self.status_dir.glob("*.json"))}
-            line = progress_line(study, total, list(statuses.values()), time.monotonic() - start)
+            line = progress_line(study, jobs_plan, list(statuses.values()), time.monotonic() - start, time.time())
             for job, status in statuses.items():
                 state = status.get("state", "")
                 if state == "failed" and said.get(job) != "failed":
@@ -186,7 +279,8 @@ class SweepConsole(Callback):
         job_dir.mkdir(parents=True, exist_ok=True)
         log = job_dir / OUTPUT_LOG
         os.environ[STATUS_ENV] = str(self.status_dir / f"{config.hydra.job.num}.json")
-        report_status(row=row_of(config), state="starting", log=str(log))
+        key = job_key(config.hydra.overrides.task)
+        report_status(row=row_of(config), state="starting", log=str(log), job=key, started=time.time())
         self._started = time.monotonic()
         sys.stdout.flush()
         sys.stderr.flush()
