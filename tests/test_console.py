@@ -9,7 +9,6 @@ from hydra import compose, initialize_config_module
 from nplm_repro.progress import STATUS_ENV, read_status, report_status
 from nplm_repro.sweeping.console import Plan, duration, job_key, plan, progress_line
 
-
 MLP1, MLP3, KN3, MLP2 = "experiment=mlp1", "experiment=mlp3", "experiment=kn3", "experiment=mlp2"
 # Table 1 in small: two MLPs (trained), a Kneser-Ney row (counted) and a mixture (mixed), three seeds each
 ROWS = ((MLP1, "trained"), (MLP3, "trained"), (KN3, "counted"), (MLP2, "mixed"))
@@ -42,6 +41,22 @@ def test_the_first_mlps_minutes_are_not_taken_for_the_pace_of_the_rows_that_only
     assert line == "table: 8/12 done, 0 running, 0 failed | ~30s left, 3 untimed"
     mixed = statuses + [{"row": "MLP2", "job": MLP2, "state": "done", "seconds": 40.0}]
     assert progress_line("table", TABLE, mixed, elapsed=2600.0, now=NOW).endswith("| ~1m10s left")  # 140 s on 2
+
+
+def test_a_training_job_is_expected_to_stop_where_the_done_jobs_of_its_row_stopped() -> None:
+    """brown_precision's MLP9 stops early at epoch 15 or so of its 40-epoch ceiling: the display said ~10h left for a
+    sweep of about three, counting every training job to its ceiling. MLP1's seed 1 stopped at 15 epochs; MLP3, not
+    yet done, is expected to stop as its kind did; a job past that has its current epoch to go."""
+    at = {"max_epochs": 40, "epochs_before": 0}
+    statuses = [{"row": "MLP1", "job": MLP1, "state": "done", "epoch": 15, "seconds": 900.0, **at}]
+    mlp3 = {"row": "MLP3", "job": MLP3, "state": "training", "epoch": 3, "started": NOW - 240, **at}  # 120 s an epoch
+    mlp1 = {"row": "MLP1", "job": MLP1, "state": "training", "epoch": 6, "started": NOW - 300, **at}  # 60 s an epoch
+    line = progress_line("t", TABLE, [*statuses, mlp1, mlp3], elapsed=1200.0, now=NOW)
+    # MLP1: 10 epochs to go, 600 s, and one more at 900 s; MLP3: 13 epochs to go, 1,560 s, and two more at 15
+    # epochs of its pace, 3,600 s; 6,660 s on 2 workers
+    assert line == "t: 1/12 done, 2 running, 0 failed | MLP1 epoch 6/40, MLP3 epoch 3/40 | ~55m30s left, 6 untimed"
+    past = mlp1 | {"epoch": 18, "started": NOW - 17 * 60}  # past where seed 1 stopped: its epoch to go, 60 s
+    assert progress_line("t", TABLE, [*statuses, past, mlp3], 1200.0, NOW).endswith("| ~51m00s left, 6 untimed")
 
 
 def test_the_line_says_nothing_of_the_time_left_before_any_job_is_timed_and_the_time_taken_at_the_end() -> None:

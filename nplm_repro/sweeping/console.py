@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -116,14 +116,37 @@ def _pace(status: dict[str, Any], now: float) -> float | None:
     return (now - status["started"]) / trained
 
 
+def _mean_of(values: dict[str, list[float]], kinds: dict[str, str | None]) -> Callable[[str], float | None]:
+    """A key's mean of `values`, else the mean over the keys of its family's kind; None where neither has one."""
+    of_key = {key: sum(v) / len(v) for key, v in values.items()}
+    alike: dict[str | None, list[float]] = {}
+    for key, mean in of_key.items():
+        alike.setdefault(kinds.get(key), []).append(mean)
+    of_kind = {kind: sum(m) / len(m) for kind, m in alike.items() if kind is not None}
+    return lambda key: of_key.get(key, of_kind.get(kinds.get(key)))
+
+
 def time_left(plan: Plan, statuses: list[dict[str, Any]], now: float) -> tuple[float | None, int]:
     """Seconds until the sweep ends, and how many jobs that leaves out (their kind of row not yet timed).
 
-    A training job has left its epochs to go at its own pace. Any other job not done costs what the done jobs of
-    its key cost, else what its key's training jobs are on pace to cost (`max_epochs` at their pace), else what the
+    A training job has its epochs to go at its own pace: to where the done jobs of its key stopped (early stopping
+    ends most before `max_epochs`), else those of its family's kind, else to `max_epochs`. Any other job not done
+    costs what the done jobs of its key cost, else what its key's training jobs are on pace to cost, else what the
     timed keys of its family's kind cost; a started one less its seconds so far. The sum is shared among the
     workers. A job that ended within `QUICK` seconds found its run made and tells nothing of the cost, nor do the
     epochs a resumed job had trained before this launch. None before anything is timed."""
+    kinds = dict(plan.jobs)
+    finished = [s for s in statuses if s.get("state") == "done"]
+    stopped: dict[str, list[float]] = {}  # the epochs each key's done training jobs ran
+    for status in finished:
+        if "epoch" in status:
+            stopped.setdefault(status.get("job", ""), []).append(status["epoch"])
+    epochs_of = _mean_of(stopped, kinds)
+
+    def epochs(status: dict[str, Any]) -> float:
+        """How many epochs a training job is expected to run, in all."""
+        return min(epochs_of(status.get("job", "")) or status["max_epochs"], status["max_epochs"])
+
     done: dict[str, list[float]] = {}
     on_pace: dict[str, list[float]] = {}
     for status in statuses:
@@ -131,23 +154,17 @@ def time_left(plan: Plan, statuses: list[dict[str, Any]], now: float) -> tuple[f
         if status.get("state") == "done" and status.get("seconds", 0.0) >= QUICK and share > 0:
             done.setdefault(key, []).append(status["seconds"] / share)
         elif (pace := _pace(status, now)) is not None:
-            on_pace.setdefault(key, []).append(pace * status["max_epochs"])
-    of_key = {key: sum(c) / len(c) for key, c in (on_pace | done).items()}
-    if not of_key:
+            on_pace.setdefault(key, []).append(pace * epochs(status))
+    if not done and not on_pace:
         return None, 0
-    kinds = dict(plan.jobs)
-    alike: dict[str | None, list[float]] = {}
-    for key, cost in of_key.items():
-        alike.setdefault(kinds.get(key), []).append(cost)
-    of_kind = {kind: sum(c) / len(c) for kind, c in alike.items() if kind is not None}
+    cost_of = _mean_of(on_pace | done, kinds)
     running = [s for s in statuses if s.get("state") not in FINAL]
     pending = Counter(key for key, _ in plan.jobs) - Counter(s.get("job", "") for s in statuses)
     left, untimed = 0.0, 0
     for status in [*running, *({"job": key} for key in pending.elements())]:
-        key = status.get("job", "")
-        cost = of_key.get(key, of_kind.get(kinds.get(key)))
+        cost = cost_of(status.get("job", ""))
         if (pace := _pace(status, now)) is not None:
-            left += pace * (status["max_epochs"] - status["epoch"] + 1)
+            left += pace * (max(epochs(status), status["epoch"]) - status["epoch"] + 1)
         elif cost is None:
             untimed += 1
         else:
