@@ -96,7 +96,7 @@ def plan(config: DictConfig) -> Plan:
             try:
                 composed = loader.load_sweep_config(config, list(job))
                 kinds[key] = family_of(composed.model).kind(composed)
-            except (HydraException, OmegaConfBaseException, ImportError, AttributeError):
+            except (HydraException, OmegaConfBaseException, ImportError, AttributeError, ValueError):
                 kinds[key] = None  # refused before any job (sweep.py `compose_jobs`), or fails as its own job
         every.append((key, kinds[key]))
     return Plan(tuple(every), effective_n_jobs(OmegaConf.select(config, "hydra.launcher.n_jobs", default=1)))
