@@ -37,8 +37,9 @@ def test_the_first_mlps_minutes_are_not_taken_for_the_pace_of_the_rows_that_only
     statuses += [{"row": "Kneser-Ney back-off", "job": KN3, "state": "done", "seconds": 60.0}]
     statuses += [{"row": "Kneser-Ney back-off", "job": KN3, "state": "done", "seconds": 2.0}]  # its run found made
     line = progress_line("table", TABLE, statuses, elapsed=2600.0, now=NOW)
-    # one Kneser-Ney row to go, 60 s (not 2 s, nor an MLP's minutes), beside three mixtures not yet timed
-    assert line == "table: 8/12 done, 0 running, 0 failed | ~30s left, 3 untimed"
+    # one Kneser-Ney row to go, 60 s (not 2 s, nor an MLP's minutes, nor halved: one job runs on one worker),
+    # beside three mixtures not yet timed
+    assert line == "table: 8/12 done, 0 running, 0 failed | ~1m00s left, 3 untimed"
     mixed = statuses + [{"row": "MLP2", "job": MLP2, "state": "done", "seconds": 40.0}]
     assert progress_line("table", TABLE, mixed, elapsed=2600.0, now=NOW).endswith("| ~1m10s left")  # 140 s on 2
 

@@ -133,8 +133,9 @@ def time_left(plan: Plan, statuses: list[dict[str, Any]], now: float) -> tuple[f
     ends most before `max_epochs`), else those of its family's kind, else to `max_epochs`. Any other job not done
     costs what the done jobs of its key cost, else what its key's training jobs are on pace to cost, else what the
     timed keys of its family's kind cost; a started one less its seconds so far. The sum is shared among the
-    workers. A job that ended within `QUICK` seconds found its run made and tells nothing of the cost, nor do the
-    epochs a resumed job had trained before this launch. None before anything is timed."""
+    workers, but no sooner than the longest job alone ends (a job runs on one worker). A job that ended within
+    `QUICK` seconds found its run made and tells nothing of the cost, nor do the epochs a resumed job had trained
+    before this launch. None before anything is timed."""
     kinds = dict(plan.jobs)
     finished = [s for s in statuses if s.get("state") == "done"]
     stopped: dict[str, list[float]] = {}  # the epochs each key's done training jobs ran
@@ -160,16 +161,16 @@ def time_left(plan: Plan, statuses: list[dict[str, Any]], now: float) -> tuple[f
     cost_of = _mean_of(on_pace | done, kinds)
     running = [s for s in statuses if s.get("state") not in FINAL]
     pending = Counter(key for key, _ in plan.jobs) - Counter(s.get("job", "") for s in statuses)
-    left, untimed = 0.0, 0
+    each, untimed = [], 0  # the seconds each job has to go
     for status in [*running, *({"job": key} for key in pending.elements())]:
         cost = cost_of(status.get("job", ""))
         if (pace := _pace(status, now)) is not None:
-            left += pace * (max(epochs(status), status["epoch"]) - status["epoch"] + 1)
+            each.append(pace * (max(epochs(status), status["epoch"]) - status["epoch"] + 1))
         elif cost is None:
             untimed += 1
         else:
-            left += max(0.0, cost * _share(status) - (now - status.get("started", now)))
-    return left / max(1, min(plan.workers, len(running) + pending.total())), untimed
+            each.append(max(0.0, cost * _share(status) - (now - status.get("started", now))))
+    return max(sum(each) / max(1, min(plan.workers, len(each))), max(each, default=0.0)), untimed
 
 
 def progress_line(study: str, plan: Plan, statuses: list[dict[str, Any]], elapsed: float, now: float) -> str:
