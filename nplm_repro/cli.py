@@ -107,12 +107,16 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
     return run
 
 
-def store_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of an argparse command that reads a store (nplm-report, nplm-score): where it is."""
+DEFAULT_STORE = "sqlite:///mlflow.db"
+
+
+def store_arguments(parser: argparse.ArgumentParser, default: str | None = DEFAULT_STORE) -> None:
+    """The options of an argparse command that reads a store (nplm-report, nplm-score, nplm-import): where it is;
+    `default` None: unset unless $MLFLOW_TRACKING_URI is (nplm-report then reads the study's archive)."""
     parser.add_argument(
         "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db",
-        help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
+        default=os.environ.get("MLFLOW_TRACKING_URI") or default,
+        help=f"default: $MLFLOW_TRACKING_URI, else {default or 'the study archive in --out, else ' + DEFAULT_STORE}",
     )
 
 

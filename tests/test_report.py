@@ -20,6 +20,7 @@ from helpers import PAPER, SLICE, composed, evidence_of, run_script, slice_texts
 from mlflow.entities import Metric, Param, Run
 from mlflow.tracking import MlflowClient
 
+from nplm_repro.storage.archive import Archive, ArchiveSource, export
 from nplm_repro import paper as paper_facts
 from nplm_repro import report
 from nplm_repro.errors import NplmError
@@ -309,7 +310,9 @@ def test_epochs_a_resumed_run_replayed_count_once_in_its_curve(empty_store: Path
     run_id = log_run(client, brown, ("experiment=mlp5",), 1, ppl=(180, 280, 260), epochs=(300, 280, 285))
     client.log_batch(run_id, metrics=[Metric("valid_ppl_epoch", 284.0, T0 + 1000, 2)])  # epoch 3, replayed
     shown = pd.DataFrame([{"kind": "trained", "mix": "no", "status": "finished", "label": "MLP5", "run_ids": run_id}])
-    assert tables.history(uri, shown) == {"MLP5": [(run_id, [300.0, 280.0, 284.0])]}
+    archive = Archive("brown_table1", "brown", "0")
+    archive.add(export(uri, [run_id], archive.texts))
+    assert tables.history(ArchiveSource(archive), shown) == {"MLP5": [(run_id, [300.0, 280.0, 284.0])]}
 
 
 def test_a_running_row_is_shown_as_running_never_as_a_number(states: dict[str, str], table1: Report) -> None:

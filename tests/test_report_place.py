@@ -1,4 +1,4 @@
-"""A sweep's report never replaces a study's report made of other runs (reporting/replacing.py): one tiny job of a
+"""A sweep's report never replaces a study's report made of other runs (tracking/archived.py): one tiny job of a
 committed study, into a scratch store, leaves the committed report's bytes as they were and writes its own beside
 them; a report of the same corpus built from every run it was made of replaces it. Real commands, a real store,
 the committed report."""
@@ -6,13 +6,13 @@ the committed report."""
 import hashlib
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from helpers import ROOT, data_slice, run_script
 
-from nplm_repro.reporting.replacing import place
+from nplm_repro.storage.archive import Archive, path_of
+from nplm_repro.tracking.archived import archive_dir
 
 TINY_JOB = ["experiment=kn3", "study=brown_modern", "seed=1", *data_slice(7_000, 1_000, 1_000), "hydra/launcher=basic"]
 
@@ -39,19 +39,27 @@ def test_one_tiny_job_of_a_committed_study_leaves_its_report_unchanged(tiny_brow
     (beside,) = [p for p in reports.iterdir() if p.is_dir()]
     assert beside.name.startswith("brown_modern-") and (beside / "brown_modern.md").is_file()
     said = f"report: {reports}/brown_modern.md is made of another corpus (fingerprint b45c28977b58c44b): it is kept"
-    assert said in result.stdout and f"this report is written to {beside}/" in result.stdout
-
-
-def report_of(study: str, fingerprint: str, *run_ids: str) -> SimpleNamespace:
-    """What `place` reads of a report: its study, data fingerprint and table's run ids."""
-    return SimpleNamespace(study=study, fingerprint=fingerprint, table=pd.DataFrame({"run_ids": list(run_ids)}))
+    assert said in result.stdout and f"this one is written to {beside}/" in result.stdout
+    assert (beside / "brown_modern.runs.jsonl").is_file()  # its archive beside it, the committed folder untouched
 
 
 def test_a_report_is_replaced_only_by_one_of_its_corpus_holding_all_its_runs(tmp_path: Path) -> None:
-    assert place(report_of("s", "f1", "a b"), tmp_path) == tmp_path  # none there
+    assert archive_dir(tmp_path, "s", "f1", {"a", "b"}) == tmp_path  # none there
     (tmp_path / "s.md").write_text("Data: corpus `brown`, fingerprint `f1`, |V| = 10\n")
     pd.DataFrame({"run_ids": ["a b", "c"]}).to_csv(tmp_path / "s.csv", index=False)
-    assert place(report_of("s", "f1", "a b", "c d"), tmp_path) == tmp_path  # its runs and more: a new seed
-    assert place(report_of("s", "f1", "a b"), tmp_path) == tmp_path / "s-f1"  # c: another store's
-    assert place(report_of("s", "f2", "a b", "c"), tmp_path) == tmp_path / "s-f2"  # another corpus
-    assert place(report_of("t", "f2", "x"), tmp_path) == tmp_path  # another study's report is not this one
+    assert archive_dir(tmp_path, "s", "f1", {"a", "b", "c", "d"}) == tmp_path  # its runs and more: a new seed
+    assert archive_dir(tmp_path, "s", "f1", {"a", "b"}) == tmp_path / "s-f1"  # c: another store's
+    assert archive_dir(tmp_path, "s", "f2", {"a", "b", "c"}) == tmp_path / "s-f2"  # another corpus
+    assert archive_dir(tmp_path, "t", "f2", {"x"}) == tmp_path  # another study's report is not this one
+
+
+def test_a_report_with_an_archive_is_replaced_only_by_a_store_holding_every_archived_run(tmp_path: Path) -> None:
+    """The archive, not the table, says what a report was made of: it also holds runs no row shows (a failed seed,
+    an attempt), so a store without them makes a report of its own beside it."""
+    (tmp_path / "s.md").write_text("Data: corpus `brown`, fingerprint `f1`, |V| = 10\n")
+    pd.DataFrame({"run_ids": ["a"]}).to_csv(tmp_path / "s.csv", index=False)
+    archive = Archive("s", "brown", "f1")
+    archive.add({"run_id": i, "name": i, "status": "FINISHED", "start_time": 0} for i in ("a", "failed"))
+    archive.write(path_of(tmp_path, "s"))
+    assert archive_dir(tmp_path, "s", "f1", {"a"}) == tmp_path / "s-f1"
+    assert archive_dir(tmp_path, "s", "f1", {"a", "failed", "new"}) == tmp_path

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlflow
 import numpy as np
 import pandas as pd
 
-from nplm_repro.scores import KEPT_SPLITS, Scores
-from nplm_repro.storage.kept import kept_scores
+from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.storage.archive import ArchiveSource
 
 RESAMPLES = 2000
 SEED = 2003  # fixed: a report rebuilt from the same runs gives the same intervals
@@ -30,13 +29,6 @@ class TextSums:
     texts: tuple[int, ...]  # the texts of the split (indices into the corpus's texts), in order
     logprob: np.ndarray  # float64 [texts]
     tokens: np.ndarray  # float64 [texts]
-
-    @classmethod
-    def of(cls, scores: Scores, split: str) -> TextSums:
-        kept = scores.splits[split]
-        present = np.unique(kept.text)
-        sums, counts = kept.by_text(len(scores.texts))
-        return cls(tuple(present.tolist()), sums[present], counts[present])
 
     def perplexity(self, weights: np.ndarray | None = None) -> np.ndarray | float:
         """exp(-ln P / tokens) over all texts, or per resample for `weights` [resamples, texts] (times drawn)."""
@@ -88,20 +80,23 @@ class Evidence:
         self._rows: dict[tuple[str, str], tuple[float, np.ndarray]] = {}
 
     @classmethod
-    def read(cls, uri: str, table: pd.DataFrame) -> Evidence:
-        """The kept scores of every run shown in `table` (its `label` and space-separated `run_ids`)."""
-        client = mlflow.MlflowClient(uri)
+    def read(cls, source: ArchiveSource, table: pd.DataFrame) -> Evidence:
+        """The per-text sums of the kept scores of every run shown in `table` (its `label` and space-separated
+        `run_ids`)."""
         sums: dict[str, dict[str, list[TextSums]]] = {}
         missing: dict[str, list[str]] = {}
         for row in table.itertuples():
             shown = getattr(row, "run_ids", "")
             run_ids = shown.split() if isinstance(shown, str) and row.status == "finished" else []
-            kept = {run_id: kept_scores(client, run_id) for run_id in run_ids}
-            lacking = [run_id for run_id, scores in kept.items() if scores is None]
+            kept = {run_id: source.text_sums(run_id) for run_id in run_ids}
+            lacking = [run_id for run_id, found in kept.items() if found is None]
             if lacking:
                 missing[row.label] = lacking
             elif run_ids:
-                sums[row.label] = {s: [TextSums.of(k, s) for k in kept.values() if s in k.splits] for s in KEPT_SPLITS}
+                sums[row.label] = {
+                    s: [TextSums(tuple(k[s][0].tolist()), k[s][1], k[s][2]) for k in kept.values() if s in k]
+                    for s in KEPT_SPLITS
+                }
         return cls(sums, missing)
 
     def describe(self) -> str:

@@ -20,6 +20,7 @@ from nplm_repro.paper import label, paper_table
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.formats import mean_std, pct
 from nplm_repro.reporting.intervals import Evidence
+from nplm_repro.storage.archive import ArchiveSource
 from nplm_repro.studies import declaration
 from nplm_repro.tracking.best import finished_rows
 from nplm_repro.tracking.keys import IMPLIED
@@ -264,7 +265,7 @@ def _ending(run: pd.Series, seeds: list[tuple[str, list[float]]]) -> str:
     return f"{len(curve)} epochs, ended by {how} (trainer.max_epochs={limit}), best at epoch {best}; last epochs {last}"
 
 
-def claims(plan: Recipe, uri: str, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
+def claims(plan: Recipe, source: ArchiveSource, table: pd.DataFrame, table1: pd.DataFrame | None) -> list[Claim]:
     """The claims of study `against` (Table 1's) with the MLP rows taken from the paper-recipe runs only (the other
     MLP rows are not measured with that recipe) and the n-gram rows from `against`'s (no recipe: they are
     counted)."""
@@ -282,7 +283,7 @@ def claims(plan: Recipe, uri: str, table: pd.DataFrame, table1: pd.DataFrame | N
             row |= counted.loc[name, ["status", "valid_ppl", "test_ppl", "run_ids"]].to_dict()
         rows.append(row)
     found = pd.DataFrame.from_records(rows)
-    return check_claims(declaration(plan.against).get("claims") or [], found, Evidence.read(uri, found))
+    return check_claims(declaration(plan.against).get("claims") or [], found, Evidence.read(source, found))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from nplm_repro.reporting.figures import draw
 from nplm_repro.reporting.runs import run_text, short_commit
 from nplm_repro.reporting.tables import DIRTY_MARK, Report, attempts_table, display
 from nplm_repro.scores import KEPT_SPLITS
+from nplm_repro.storage.archive import SUFFIX, path_of
 from nplm_repro.tracking.runs import present
 
 DIRTY_NOTE = (
@@ -177,7 +178,10 @@ def outline(report: Report, figures: list[str]) -> list[Section]:
         Section("Figures", figures=tuple(figures)),
     ]
     sections = [s for s in sections if s.items or s.table is not None or s.figures]
-    regenerate = "From the directory that holds the store (or with `--tracking-uri`):"
+    regenerate = (
+        f"From the runs it was built from, shipped beside it (`{report.study}{SUFFIX}`), with no store: "
+        f"`nplm-report --study {report.study} --out <this folder>`. From a store that holds them (with `--tracking-uri`):"
+    )
     return [*sections, Section("Regenerate", paragraphs=(regenerate,), command=report.command)]
 
 
@@ -354,7 +358,8 @@ def csv_table(report: Report) -> pd.DataFrame:
 
 
 def write(report: Report, out: Path) -> list[Path]:
-    """Every file of the report, built in a temporary directory and moved into `out` only once all are built."""
+    """Every file of the report and its archive, built in a temporary directory and moved into `out` only once all are
+    built."""
     with tempfile.TemporaryDirectory(prefix="nplm-report-") as tmp:
         staging = Path(tmp)
         figures = draw(report, staging)
@@ -362,6 +367,8 @@ def write(report: Report, out: Path) -> list[Path]:
         (staging / f"{report.study}.tex").write_text(latex(report))
         (staging / f"{report.study}.html").write_text(html_page(report, figures, staging))
         csv_table(report).to_csv(staging / f"{report.study}.csv", index=False)
+        if report.archive is not None:  # the runs it was built from, shipped beside it
+            report.archive.write(path_of(staging, report.study))
         out.mkdir(parents=True, exist_ok=True)
         written = []
         for path in sorted(staging.iterdir()):

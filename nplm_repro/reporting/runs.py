@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 
-import mlflow
 import numpy as np
 import pandas as pd
-from mlflow.exceptions import MlflowException
 
 from nplm_repro.paper import COLUMNS
+from nplm_repro.storage.archive import ArchiveSource
 from nplm_repro.tracking.best import trained_rows
 
 
@@ -35,17 +34,16 @@ def varying_keys(configs: pd.DataFrame) -> list[str]:
     return [k for k in keys if len({d[k] for d in dicts if k in d}) > 1]
 
 
-def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[float]]]]:
+def history(source: ArchiveSource, table: pd.DataFrame) -> dict[str, list[tuple[str, list[float]]]]:
     """Validation perplexity per epoch of every seed of every trained row shown."""
-    client = mlflow.MlflowClient(uri)
     trained = trained_rows(table)
     curves = {}
     for row in trained.itertuples():
         curves[row.label] = []
         for run_id in row.run_ids.split():
-            points = sorted(client.get_metric_history(run_id, "valid_ppl_epoch"), key=lambda m: (m.step, m.timestamp))
+            points = sorted(source.history(run_id, "valid_ppl_epoch"))
             # a run resumed from an earlier checkpoint logs the epochs it replays again: each epoch's last value
-            epochs = {m.step: m.value for m in points}
+            epochs = {step: value for step, _, value in points}
             curves[row.label].append((run_id, list(epochs.values())))
     return curves
 
@@ -53,29 +51,28 @@ def history(uri: str, table: pd.DataFrame) -> dict[str, list[tuple[str, list[flo
 Timeline = dict[str, list[tuple[str, list[float], list[float]]]]
 
 
-def timeline(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
+def timeline(source: ArchiveSource, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
     """Per trained row shown, per seed: (run id, CPU minutes, validation perplexity) at each validation. CPU minutes
     are the fit's seconds at that validation (`fit_seconds_epoch`, across resumes) times the run's torch threads; a
     run from before that metric counts the wall clock from the start of the run that trained it (right for a run
     never resumed): an adopted run started when it was adopted, after its copied history was logged."""
-    client = mlflow.MlflowClient(uri)
     threads = dict(zip(runs["run_id"], runs["threads"].fillna(1)))
     starts = {r: pd.Timestamp(t).timestamp() * 1000 for r, t in zip(runs["run_id"], runs["start_time"]) if pd.notna(t)}
     sources = {r: s for r, s in zip(runs["run_id"], runs["adopted_from"]) if s}
     found: Timeline = {}
     for row in trained_rows(table).itertuples():
         for run_id in row.run_ids.split():
-            valid = {m.step: m for m in client.get_metric_history(run_id, "valid_ppl_epoch")}
+            valid = {step: (timestamp, value) for step, timestamp, value in source.history(run_id, "valid_ppl_epoch")}
             if not valid:
                 continue
             # earlier code logged it one step after its validation (global_step, not Lightning's epoch step)
-            seconds = {m.step: m.value for m in client.get_metric_history(run_id, "fit_seconds_epoch")}
+            seconds = {step: value for step, _, value in source.history(run_id, "fit_seconds_epoch")}
             if seconds and not seconds.keys() & valid.keys():
                 seconds = {step - 1: value for step, value in seconds.items()}
-            start = _trained_start(client, sources[run_id]) if run_id in sources else starts.get(run_id)
+            start = source.start_time(sources[run_id]) if run_id in sources else starts.get(run_id)
             points = [
-                (seconds[step] if step in seconds else (m.timestamp - start) / 1000, m.value)
-                for step, m in sorted(valid.items())
+                (seconds[step] if step in seconds else (timestamp - start) / 1000, value)
+                for step, (timestamp, value) in sorted(valid.items())
                 if step in seconds or start is not None
             ]
             minutes = [t * threads.get(run_id, 1) / 60 for t, _ in points]
@@ -83,22 +80,13 @@ def timeline(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Timeline:
     return found
 
 
-def _trained_start(client: mlflow.MlflowClient, source: str) -> float | None:
-    """When the run that trained an adopted run started (ms), None if that run is gone from the store."""
-    try:
-        return client.get_run(source).info.start_time
-    except MlflowException:
-        return None
-
-
-def training_speeds(uri: str, table: pd.DataFrame, seeds: dict[str, str]) -> dict[str, dict[str, float]]:
+def training_speeds(source: ArchiveSource, table: pd.DataFrame, seeds: dict[str, str]) -> dict[str, dict[str, float]]:
     """Per trained row label, per seed: its training tokens per second, the mean of its epochs' (`faster` claims); a
     run adopted from another study logged its source's."""
-    client = mlflow.MlflowClient(uri)
     speeds: dict[str, dict[str, float]] = {}
     for row in trained_rows(table).itertuples():
         for run_id in row.run_ids.split():
-            rates = [m.value for m in client.get_metric_history(run_id, "train_tokens_per_s")]
+            rates = [value for _, _, value in source.history(run_id, "train_tokens_per_s")]
             if rates:
                 speeds.setdefault(row.label, {})[seeds[run_id]] = float(np.mean(rates))
     return speeds

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import mlflow
 import numpy as np
 import pandas as pd
 
@@ -33,9 +30,11 @@ from nplm_repro.reporting.formats import mean_std
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import Timeline, history, timeline, training_speeds, varying_keys
 from nplm_repro.scores import KEPT_SPLITS
-from nplm_repro.storage.kept import artifacts, download
+from nplm_repro.serving.feature_map import draw
+from nplm_repro.storage.archive import Archive, ArchiveSource
 from nplm_repro.studies import declaration
 from nplm_repro.tracking.best import best, best_row, seeds
+from nplm_repro.tracking.archived import study_archive
 from nplm_repro.tracking.runs import configurations, present, study_runs
 
 
@@ -148,24 +147,19 @@ class Learned:
     map_png: bytes
 
 
-def learned_features(uri: str, table: pd.DataFrame, runs: pd.DataFrame) -> Learned | None:
-    """The features/ artifacts of the best trained row (tracking/best.py), of its best seed that has them, or None:
-    no trained row, or runs made before runs logged them (`nplm-ask features RUN --log`)."""
+def learned_features(source: ArchiveSource, table: pd.DataFrame, runs: pd.DataFrame) -> Learned | None:
+    """What the best trained row's word features learned (tracking/best.py), of its best seed that has them, the map
+    drawn from its points; None with no trained row, or runs made before runs kept them (`nplm-ask features RUN
+    --log`)."""
     chosen = best_row(table)
     if chosen is None:
         return None
-    client = mlflow.MlflowClient(uri)
     for run_id in seeds(chosen, runs)["run_id"]:
-        if "features/map.png" not in artifacts(client, run_id, "features"):
-            continue
-        with tempfile.TemporaryDirectory() as into:
-            folder = Path(download(client, run_id, "features", into))
-            lines = {
-                name: tuple(line[2:] for line in (folder / name).read_text().splitlines() if line.startswith("- "))
-                for name in ("neighbours.md", "sentences.md")
-            }
-            png = (folder / "map.png").read_bytes()
-        return Learned(chosen["label"], run_id, lines["neighbours.md"], lines["sentences.md"], png)
+        found = source.features(run_id)
+        if found is not None:
+            return Learned(
+                chosen["label"], run_id, tuple(found["neighbours"]), tuple(found["sentences"]), draw(found["map"])
+            )
     return None
 
 
@@ -198,6 +192,7 @@ class Report:
     learned: Learned | None = None  # what the best trained row's features learned (its run's features/ artifacts)
     spec: dict[str, Any] = field(default_factory=dict)  # what the study declares for its report (studies.py)
     unconverged: list[str] = field(default_factory=list)  # rows with a seed stopped at max_epochs still improving
+    archive: Archive | None = None  # the runs it was built from (storage/archive.py), shipped beside it
 
     @property
     def command(self) -> str:
@@ -217,21 +212,26 @@ class Report:
 
 
 def build(
-    uri: str,
+    runs_of: str | Archive,
     experiment: str,
     study: str,
     fingerprint: str | None = None,
     require_clean: bool = False,
     spec: dict[str, Any] | None = None,
 ) -> Report:
-    """Read the experiment's runs and assemble the report of `study`; NplmError when there is nothing honest to say.
+    """Assemble the report of `study` from its archive (`runs_of`: an Archive, or a store's URI, whose study's
+    archive is made first: a report and its archive never disagree); NplmError when there is nothing honest to say.
+    The report keeps the archive it was built from (`Report.archive`).
 
     `spec` is what the study declares for its report (studies.py; default: its sweeps file's).
     `require_clean` leaves out the runs made from a work tree with uncommitted changes (their code is unknown or
     only in their git_diff.patch), before anything is chosen or averaged."""
     spec = declaration(study) if spec is None else spec
     paper = spec.get("paper")
-    found = study_runs(uri, experiment, study, fingerprint, require_clean)
+    if isinstance(runs_of, str):
+        runs_of = study_archive(runs_of, experiment, study, spec, fingerprint)
+    fingerprint, source = fingerprint or runs_of.fingerprint, ArchiveSource(runs_of)
+    found = study_runs(source, experiment, study, fingerprint, require_clean)
     all_runs, runs, other, fingerprint = found.every, found.runs, found.other, found.fingerprint
     configs = configurations(runs)
     if paper and not ((configs["paper_row"] >= 0) & (configs["status"] == "finished")).any():
@@ -257,11 +257,11 @@ def build(
     commits = sorted(set(runs.loc[runs["run_id"].isin(shown), "git_commit"]) - {""})
     plan = recipe.Recipe.declared(spec["recipe"]) if "recipe" in spec else None
     table = recipe.labelled(plan, table) if plan else table
-    evidence = Evidence.read(uri, table)
+    evidence = Evidence.read(source, table)
     table = with_intervals(table, evidence)
-    curves, findings = history(uri, table), None
+    curves, findings = history(source, table), None
     seeds, stops = dict(zip(runs["run_id"], runs["seed"])), dict(zip(runs["run_id"], runs["stopped_by"]))
-    epochs, speeds = best_epochs(curves, seeds), training_speeds(uri, table, seeds)
+    epochs, speeds = best_epochs(curves, seeds), training_speeds(source, table, seeds)
     table = with_per_seed(with_per_seed(table, "best_epoch", epochs), "train_speed", speeds)
     table = table.assign(
         improving=[improving(curves, label) for label in table["label"]],
@@ -271,7 +271,7 @@ def build(
     claims = check_claims(spec.get("claims") or [], table, evidence, epochs, speeds)
     if plan:
         table1 = fast_rows(plan, all_runs, fingerprint)
-        claims = recipe.claims(plan, uri, table, table1)
+        claims = recipe.claims(plan, source, table, table1)
         findings = recipe.findings(plan, table, table1, curves)
     context = notes.Context(study, spec, table, all_runs, fingerprint, data["vocab_size"], evidence, curves)
     return Report(
@@ -293,13 +293,14 @@ def build(
         notes=notes.declared_notes(context),
         reproducibility=notes.reproducibility(table, runs, evidence, commits),
         history=curves,
-        timeline=timeline(uri, table, runs) if "compute" in (spec.get("figures") or []) else {},  # its one reader
+        timeline=timeline(source, table, runs) if "compute" in (spec.get("figures") or []) else {},  # its one reader
         require_clean=require_clean,
         left_out=found.left_out,
         recipe=findings,
-        learned=learned_features(uri, table, runs),
+        learned=learned_features(source, table, runs),
         spec=spec,
         unconverged=unconverged(table, curves, stops, seeds),
+        archive=runs_of,
     )
 
 

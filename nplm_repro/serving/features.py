@@ -3,7 +3,8 @@
 - `neighbours.md`: the nearest words (centred cosine similarity of C's rows) of probe words, among words seen at least
   50 times in training: frequent words of several kinds and the paper's own example words (p.1139), those seen as
   often;
-- `map.png`: the most frequent words laid out on the first two principal components of their rows of C;
+- `map.png`: the most frequent words laid out on the first two principal components of their rows of C, drawn from
+  `map.json`, its points (serving/feature_map.py), which a study's archive ships;
 - `sentences.md`: the paper's motivating example (p.1139), "The cat is walking in the bedroom" and "A dog was running
   in a room": P of each word given the words before it (a sentence starts as a text does, after `<eot>`), under
   this MLP and under the interpolated trigram (Del. Int.) counted on the same training split.
@@ -11,19 +12,21 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from nplm_repro.baselines.ngram import DeletedInterpolation
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
 from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.use import nearest
 from nplm_repro.perplexity import perplexity_of
+from nplm_repro.serving.feature_map import MAP_WORDS, draw, map_points
 
 FOLDER = "features"
 PROBES = (
@@ -32,7 +35,6 @@ PROBES = (
     *("walking", "running"),
 )
 SENTENCES = ("The cat is walking in the bedroom", "A dog was running in a room")
-MAP_WORDS, LABELLED = 300, 200  # words on the map; the most frequent of them that may carry a label
 MARKS = (UNK, END_OF_PARAGRAPH, END_OF_TEXT)
 MIN_COUNT = 50  # training occurrences a word needs to be listed as a probe or a neighbour
 
@@ -47,42 +49,16 @@ def neighbours(module: LanguageModule, corpus: Corpus, k: int = 10) -> list[str]
     return [f"{w}: " + ", ".join(f"{corpus.vocab[i]} {s:.2f}" for i, s in near) for w, near in zip(present, found)]
 
 
-def draw_map(module: LanguageModule, corpus: Corpus, path: Path, title: str) -> None:
-    """The MAP_WORDS most frequent words of the training split (no markers) on C's first two principal components."""
+def map_of(module: LanguageModule, corpus: Corpus, title: str) -> dict[str, Any]:
+    """The map's points (serving/feature_map.py): the MAP_WORDS most frequent words of the training split (no
+    markers) on C's first two principal components."""
     start, end = corpus.bounds["train"]
     counts = np.bincount(corpus.ids[start:end].numpy(), minlength=corpus.vocab_size)
     marks = [corpus.vocab.index(m) for m in MARKS if m in corpus.vocab]
     counts[marks] = -1
     words = np.argsort(-counts, kind="stable")[:MAP_WORDS]
     rows = module.word_features().double().numpy()[words]
-    centred = rows - rows.mean(axis=0)
-    _, singular, axes = np.linalg.svd(centred, full_matrices=False)
-    xy = centred @ axes[:2].T
-    share = singular[:2] ** 2 / (singular**2).sum()
-    figure = Figure(figsize=(11, 8.5))
-    ax = figure.add_subplot()
-    ax.scatter(xy[:, 0], xy[:, 1], s=6, color="0.6")
-    named = labels_apart(xy[:LABELLED])
-    for i in named:
-        ax.annotate(corpus.vocab[words[i]], xy[i], fontsize=7, xytext=(2, 2), textcoords="offset points")
-    ax.set_xlabel(f"first principal component of the word features ({share[0]:.0%} of the variance of these words)")
-    ax.set_ylabel(f"second ({share[1]:.0%})")
-    ax.set_title(f"{title}: the {MAP_WORDS} most frequent words, {len(named)} of them named", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-
-
-def labels_apart(xy: np.ndarray, width: float = 0.06, height: float = 0.025) -> list[int]:
-    """Which points get a label, most frequent first: those whose label (a box of `width` x `height` of the plot's
-    span) would overlap no label already placed."""
-    span = np.ptp(xy, axis=0) + 1e-12
-    placed: list[np.ndarray] = []
-    chosen = []
-    for i, point in enumerate(xy / span):
-        if all(abs(point[0] - p[0]) > width or abs(point[1] - p[1]) > height for p in placed):
-            placed.append(point)
-            chosen.append(i)
-    return chosen
+    return map_points(rows, [corpus.vocab[i] for i in words], title)
 
 
 def sentences(module: LanguageModule, corpus: Corpus) -> list[str]:
@@ -121,5 +97,7 @@ def log_features(client: mlflow.MlflowClient, run_id: str, module: LanguageModul
         )
         said = "\n".join(f"- {line}" for line in sentences(module, corpus))
         (folder / "sentences.md").write_text(f"# {title}: the paper's example sentences\n\n{said}\n")
-        draw_map(module, corpus, folder / "map.png", title)
+        points = map_of(module, corpus, title)
+        (folder / "map.json").write_text(json.dumps(points, sort_keys=True), encoding="utf-8")
+        (folder / "map.png").write_bytes(draw(points))
         client.log_artifacts(run_id, str(folder), FOLDER)

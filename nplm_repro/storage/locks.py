@@ -85,6 +85,11 @@ def _hold(name: str, holder: str, timeout: float = -1) -> Iterator[None]:
         lock.release()
 
 
+def archive_lock(study: str, fingerprint: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of a study's archive on this data while a run is added to it (storage/archive.py)."""
+    return _hold(f"archive-{study}-{fingerprint}", f"adding a run to the archive of study {study}")
+
+
 RUN_LOCK = "run-"  # a config_key's lock file: run-<key>.lock
 
 

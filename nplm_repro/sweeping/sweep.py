@@ -57,6 +57,7 @@ from nplm_repro.errors import NplmError, interrupted, one_line, sigterm_interrup
 from nplm_repro.exits import errors_exit
 from nplm_repro.paths import check_report_dir
 from nplm_repro.progress import close_displays
+from nplm_repro.storage.archive import SUFFIX, Archive
 from nplm_repro.storage.finding import search
 from nplm_repro.storage.locks import config_lock
 from nplm_repro.storage.redaction import redact
@@ -64,6 +65,7 @@ from nplm_repro.storage.store import check_store, ensure_experiment
 from nplm_repro.studies import check_claimed_rows, checked, claimed_rows
 from nplm_repro.sweeping.registry import register_best
 from nplm_repro.sweeping.search_checks import check_search
+from nplm_repro.tracking.archived import add_runs
 from nplm_repro.tracking.config_checks import check_config, check_corpus
 from nplm_repro.tracking.ledger import end_orphans
 from nplm_repro.tracking.records import RESUMED_IN
@@ -233,6 +235,7 @@ class MlflowSweep(Callback):
         self.launcher: str = ""
         self.register = False  # tracking.register: the study's best MLP into the Model Registry when it ends
         self.experiment_id: str | None = None
+        self.archived: Path | None = None  # the archive of runs written beside the report
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.uri, experiment = config.tracking.uri, config.tracking.experiment
@@ -332,13 +335,24 @@ class MlflowSweep(Callback):
         finally:
             if self.parent_run_id:
                 mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status)
+                self.archive_parent()
                 if status == "KILLED" and "joblib" in self.launcher:  # SLURM's jobs live on without the launcher
                     self.end_killed_jobs()
                 else:
                     log.info("sweep: its runs in MLflow's dashboard: %s", dashboard(self.uri, self.experiment_id))
 
+    def archive_parent(self) -> None:
+        """The parent run as it ended, in the archive the report was written with (its status, its headline
+        numbers); nothing without one."""
+        if self.archived is not None:
+            try:
+                add_runs(self.uri, Archive.read(self.archived), self.archived, [self.parent_run_id])
+            except (NplmError, OSError) as error:
+                log.warning("sweep: the archive %s keeps the parent run as it was: %s", self.archived, error)
+
     def keep_report(self, files: list[Path], metrics: dict[str, float]) -> None:
         """The report's files as the parent run's artifacts (`report/`), its headline numbers as its metrics."""
+        self.archived = next((path for path in files if path.name.endswith(SUFFIX)), None)
         client = mlflow.MlflowClient(self.uri)
         for path in files:
             client.log_artifact(self.parent_run_id, str(path), "report")

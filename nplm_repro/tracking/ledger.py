@@ -38,6 +38,7 @@ from nplm_repro.models.precision import choices, job_precision
 from nplm_repro.models.training import best_checkpoint
 from nplm_repro.progress import report_status
 from nplm_repro.scores import ARTIFACT, Scores
+from nplm_repro.storage.archive import ARCHIVED_FROM, ARCHIVED_ID
 from nplm_repro.serving.features import log_features
 from nplm_repro.serving.scoring import RunScorer, has_weights
 from nplm_repro.serving.served import log_model
@@ -46,6 +47,7 @@ from nplm_repro.storage.kept import kept_scores, log_scores
 from nplm_repro.storage.locks import config_lock, model_lock
 from nplm_repro.storage.redaction import redact
 from nplm_repro.storage.store import open_store, reach_store
+from nplm_repro.tracking.archived import keep_run
 from nplm_repro.tracking.components import ComponentFailed, component_runs, former_key
 from nplm_repro.tracking.config_checks import check_sizes
 from nplm_repro.tracking.keys import config_key, family, model_key, trains
@@ -95,6 +97,14 @@ def base_scores(uri: str, base: str, corpus: Corpus) -> Scores:
     client = mlflow.MlflowClient(uri)
     scores = kept_scores(client, base)
     if scores is None:
+        tags = client.get_run(base).data.tags
+        if ARCHIVED_ID in tags:
+            row = tags.get("row") or tags.get("family_label", "its row")
+            raise NplmError(
+                f"run {base} (row {row}), which this row mixes, was imported from {tags.get(ARCHIVED_FROM, 'an archive')}"
+                f", which ships each text's sum of scores, not every token's: re-run row {row} here (its job with "
+                "rerun=true), then this row"
+            )
         if not has_weights(client, base):
             raise NplmError(
                 f"run {base}, which this row mixes, kept no scores ({ARTIFACT}) and has no weights (Model or "
@@ -182,9 +192,10 @@ def run(cfg: DictConfig) -> tuple[str, dict[str, float]]:
         if found:
             return reuse(cfg, found)
         made = None if cfg.rerun or not model else find_finished(uri, experiment, model_key=model)
-        if made:
-            return adopt(cfg, corpus, key, made)
-        return record(cfg, corpus, key, precision_tags, bases)
+        ran = adopt(cfg, corpus, key, made) if made else record(cfg, corpus, key, precision_tags, bases)
+    if cfg.get("study") and cfg.get("report"):  # shipped as soon as it ends: a lost machine loses no finished run
+        keep_run(uri, experiment, cfg.study, corpus.fingerprint, Path(cfg.report), ran[0])
+    return ran
 
 
 def settle_precision(

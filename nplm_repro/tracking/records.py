@@ -37,6 +37,7 @@ from nplm_repro.data.splits import SPLITS
 from nplm_repro.errors import NplmError, interrupted
 from nplm_repro.family import family_of
 from nplm_repro.machine import cpuinfo
+from nplm_repro.storage.archive import code_fingerprint
 from nplm_repro.storage.redaction import redact
 from nplm_repro.storage.store import store_error
 from nplm_repro.tracking.keys import KEY_VERSION, trained, without_unused
@@ -279,7 +280,8 @@ def open_run(cfg: DictConfig, corpus: Corpus, resume: str | None = None, **extra
 def _new_run(cfg: DictConfig, corpus: Corpus, extra_tags: dict[str, str]) -> RunLogger:
     uri, experiment = cfg.tracking.uri, cfg.tracking.experiment
     commit, diff = code_state()
-    tags = {**data_tags(corpus), "git_commit": commit, "corpus": corpus.name, **environment_tags(), **extra_tags}
+    tags = {**data_tags(corpus), "git_commit": commit, "code_fingerprint": code_fingerprint(commit, diff)}
+    tags |= {"corpus": corpus.name, **environment_tags(), **extra_tags}
     if is_commit(commit):  # MLflow's own, the UI's Version column; what '+dirty' adds is git_diff.patch
         tags[MLFLOW_GIT_COMMIT] = commit.removesuffix("+dirty")
     tags |= family_of(cfg.model).tags(cfg) | {"key_version": KEY_VERSION}

@@ -34,6 +34,7 @@ from nplm_repro.paper import (
     paper_table,
     row_key,
 )
+from nplm_repro.storage.archive import ArchiveSource
 from nplm_repro.storage.redaction import redact
 from nplm_repro.storage.store import check_store, sqlite_file, tracking_at
 from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, without_unused
@@ -69,8 +70,14 @@ def _text(value: object) -> str:
     return str(value) if present(value) else ""
 
 
-def read_runs(uri: str, experiment: str) -> pd.DataFrame:
-    """Every run of the experiment (mlflow.search_runs); a missing store or experiment is an error, never created."""
+def read_runs(uri: str | ArchiveSource, experiment: str) -> pd.DataFrame:
+    """Every run of the experiment (mlflow.search_runs), of the store at `uri` or of an archive; a missing store or
+    experiment is an error, never created."""
+    if isinstance(uri, ArchiveSource):
+        runs = uri.frame(experiment)
+        if runs.empty:
+            raise NplmError(f"no runs to report: the archive has no runs of experiment {experiment!r}")
+        return runs
     path = sqlite_file(uri)
     if path is not None and not path.is_file():
         raise NplmError(f"no tracking store at {path}: run nplm-train first, or pass --tracking-uri")
@@ -349,7 +356,7 @@ class StudyRuns:
 
 
 def study_runs(
-    uri: str, experiment: str, study: str, fingerprint: str | None = None, require_clean: bool = False
+    uri: str | ArchiveSource, experiment: str, study: str, fingerprint: str | None = None, require_clean: bool = False
 ) -> StudyRuns:
     """The runs of `study` on one data fingerprint (the newest run's, unless named); NplmError when it has none, or
     none finished. `require_clean` leaves out the runs made from a work tree with uncommitted changes (their code is
