@@ -49,3 +49,14 @@ def test_the_front_page_cites_reports_and_each_citation_is_checked() -> None:
     """The check reads something: the claims table and the paragraphs beyond 2003 each cite a report."""
     cited = {path.name for _, linked in blocks() for path in linked}
     assert {"brown_table1.md", "brown_modern.md", "brown_extensions.md", "brown_direct.md"} <= cited
+
+
+VERDICT = re.compile(r"\b(holds|fails|inconclusive|confounded)\b")
+
+
+def test_the_front_page_quotes_no_verdict_of_a_report_made_before_runs_shipped() -> None:
+    """Such a report cannot be re-checked (its first line says so): its numbers may be quoted, its verdicts not."""
+    for text, linked in blocks():
+        unchecked = [p for p in linked if p.read_text().startswith("**Made before runs shipped:**")]
+        if unchecked:
+            assert not VERDICT.search(text), f"a verdict beside {unchecked[0].name}, not re-checked: {text[:200]}"
