@@ -87,9 +87,10 @@ PARENT_FILE = "mlflow_parent_run_id"  # in the sweep directory, for the record
 def sweep_key(study: str | None, overrides: list[str], params: dict[str, Any]) -> str:
     """What makes two sweep commands the same sweep: the study, the overrides and the config's
     `hydra.sweeper.params` (as the config has them: with the overrides, they say what is swept). Left out: `rerun`,
-    and the choice `study=<name>` (the study is keyed already): `-m study=grid` is the sweep that
-    `-cd sweeps -cn grid` was, and resumes its parent run."""
-    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(("rerun=", "study=")))
+    the choice `study=<name>` (the study is keyed already): `-m study=grid` is the sweep that `-cd sweeps -cn grid`
+    was, and resumes its parent run; and `tracking.uri` (the parent is looked for in that store): a study imported
+    into a store at another path resumes its parent there."""
+    kept = sorted(o for o in overrides if not o.lstrip("+~").startswith(("rerun=", "study=", "tracking.uri=")))
     text = json.dumps({"study": study, "overrides": kept, "params": params}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -236,8 +237,11 @@ class MlflowSweep(Callback):
         self.register = False  # tracking.register: the study's best MLP into the Model Registry when it ends
         self.experiment_id: str | None = None
         self.archived: Path | None = None  # the archive of runs written beside the report
+        self.started = 0  # when it started, ms since the epoch: runs since are this sweep's (`made_now`)
+        self.ended_before: int | None = None  # when the parent it resumed had ended
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started = int(time.time() * 1000)
         self.uri, experiment = config.tracking.uri, config.tracking.experiment
         study = config.get("study")
         self.experiment, self.study, self.report = experiment, study, config.get("report")
@@ -262,7 +266,7 @@ class MlflowSweep(Callback):
         experiment_id = self.experiment_id = ensure_experiment(client, experiment)
         previous = search(self.uri, experiment, "tags.sweep = 'true'", f"tags.sweep_key = '{key}'", max_results=1)
         if previous:
-            self.parent_run_id = previous[0].info.run_id
+            self.parent_run_id, self.ended_before = previous[0].info.run_id, previous[0].info.end_time
             client.update_run(self.parent_run_id, status="RUNNING")
             if "error" in previous[0].data.tags:  # why an earlier attempt failed; this one may not
                 client.delete_tag(self.parent_run_id, "error")
@@ -334,12 +338,21 @@ class MlflowSweep(Callback):
             raise
         finally:
             if self.parent_run_id:
-                mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status)
+                made = self.made_now()
+                # a sweep that ran nothing (every job's run in the store) leaves its parent's end as it was
+                end = self.ended_before if not made and status == "FINISHED" else None
+                mlflow.MlflowClient(self.uri).set_terminated(self.parent_run_id, status, end_time=end)
                 self.archive_parent()
                 if status == "KILLED" and "joblib" in self.launcher:  # SLURM's jobs live on without the launcher
                     self.end_killed_jobs()
                 else:
+                    say_what_ran(made)
                     log.info("sweep: its runs in MLflow's dashboard: %s", dashboard(self.uri, self.experiment_id))
+
+    def made_now(self) -> list[mlflow.entities.Run]:
+        """The runs this sweep's jobs made (those that found their run in the store made none)."""
+        mine = f"tags.{MLFLOW_PARENT_RUN_ID} = '{self.parent_run_id}'"
+        return search(self.uri, self.experiment, mine, f"attributes.start_time >= {self.started}")
 
     def archive_parent(self) -> None:
         """The parent run as it ended, in the archive the report was written with (its status, its headline
@@ -386,6 +399,21 @@ class MlflowSweep(Callback):
 # The experiment's runs, not MLflow 3's GenAI overview of traces, on which its UI opens any experiment in a browser
 # that has not chosen otherwise (docs/tracking.md): the UI's own query for its "Model training" view
 RUNS_VIEW = "workflowType=machine_learning"
+
+
+def say_what_ran(made: list[mlflow.entities.Run]) -> None:
+    """One line: how many runs a sweep made, how many of them adopted a model trained already; or that it ran
+    nothing, every job's run being in the store (a study resumed from its imported archive)."""
+    if made:
+        adopted = sum("adopted_from" in run.data.tags for run in made)
+        log.info(
+            "sweep: %d runs made now (%d of them adopted a model trained already); every other job's run was in the "
+            "store",
+            len(made),
+            adopted,
+        )
+    else:
+        log.info("sweep: nothing ran: every job's run was in the store already (each job skipped)")
 
 
 def dashboard(uri: str, experiment_id: str | None) -> str:
