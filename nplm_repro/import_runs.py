@@ -21,7 +21,8 @@ import mlflow
 from nplm_repro.cli import cli, store_arguments
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import TRACEBACK
-from nplm_repro.storage.archive import Archive, conflicts, import_archive, imported_ids
+from nplm_repro.storage.archive import Archive
+from nplm_repro.storage.importing import conflicts, import_archive, imported_ids
 from nplm_repro.storage.redaction import redact
 from nplm_repro.storage.store import check_store, ensure_experiment, sqlite_file
 from nplm_repro.sweeping.sweep import dashboard

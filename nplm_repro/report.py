@@ -31,7 +31,8 @@ from nplm_repro.paths import check_report_dir
 from nplm_repro.reporting.claims import headline
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.tables import build
-from nplm_repro.storage.archive import Archive, held_runs, path_of
+from nplm_repro.storage.archive import Archive, path_of
+from nplm_repro.storage.importing import held_runs
 from nplm_repro.studies import check_claimed_rows, checked, claimed_rows, declaration, study_file
 from nplm_repro.tracking.archived import archive_dir
 from nplm_repro.tracking.study_rows import study_rows

@@ -224,3 +224,10 @@ def test_an_archive_is_sorted_one_run_a_line_within_its_sizes() -> None:
         assert ids == sorted(ids) and all(len(line) <= 60_000 for line in lines[1:]), shipped
         assert shipped.stat().st_size <= 5_000_000, shipped
         assert all(line == dumps(json.loads(line)) for line in lines), f"{shipped}: keys not sorted"
+
+
+def test_reports_readme_gives_every_archive_its_size() -> None:
+    readme = (REPORTS / "README.md").read_text(encoding="utf-8")
+    for shipped in SHIPPED:
+        (row,) = [line for line in readme.splitlines() if f"]({shipped.relative_to(REPORTS)})" in line]
+        assert f"| {shipped.stat().st_size / 1000:.1f} kB |" in row, row

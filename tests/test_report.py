@@ -20,7 +20,6 @@ from helpers import PAPER, SLICE, composed, evidence_of, run_script, slice_texts
 from mlflow.entities import Metric, Param, Run
 from mlflow.tracking import MlflowClient
 
-from nplm_repro.storage.archive import Archive, ArchiveSource, export
 from nplm_repro import paper as paper_facts
 from nplm_repro import report
 from nplm_repro.errors import NplmError
@@ -33,6 +32,7 @@ from nplm_repro.reporting.notes import Context, reproducibility, sampled_vs_exac
 from nplm_repro.reporting.render import write
 from nplm_repro.reporting.search import at_edge, search_note
 from nplm_repro.reporting.tables import Report, build
+from nplm_repro.storage.archive import Archive, ArchiveSource, export
 from nplm_repro.studies import declaration
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.best import row_run

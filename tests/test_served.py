@@ -111,7 +111,7 @@ def test_every_mlp_run_lays_out_its_word_features_and_the_report_shows_them(
     _, uri, run_id = mlp
     client = MlflowClient(uri)
     assert {a.path for a in client.list_artifacts(run_id, "features")} == {
-        f"features/{name}" for name in ("neighbours.md", "sentences.md", "map.png")
+        f"features/{name}" for name in ("neighbours.md", "sentences.md", "map.png", "map.json")
     }
     report = build(uri, "brown", "brown_table1")  # an MLP5 run without a study: Table 1's row
     assert report.learned is not None and report.learned.run_id == run_id

@@ -7,9 +7,8 @@ A run holds its info (id, name, status, start and end), params, tags, its config
 the per-epoch history of every metric (not the per-step ones, nor MLflow's system metrics, nor a sweep parent's), per text of valid and test the sum of its tokens'
 log-probabilities and its token count, and for a trained model what its word-feature figure draws. No weights.
 
-Three things read or write it here: `export` (a store's runs as archive records), `Archive` (the file, read and
-checked: one line naming the file and line for anything malformed) and `import_archive` (the records into a store,
-each run once, by its archived id). `ArchiveSource` is what a report reads: a report of a store's runs is built from
+Read and written here: `export` (a store's runs as archive records) and `Archive` (the file, read and checked: one
+line naming the file and line for anything malformed); storage/importing.py puts the records into a store. `ArchiveSource` is what a report reads: a report of a store's runs is built from
 their archive too, so a report and its archive never disagree. Torch-free: the report reads it.
 """
 
@@ -29,15 +28,13 @@ from typing import Any
 import mlflow
 import numpy as np
 import pandas as pd
-from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from nplm_repro.errors import NplmError
 from nplm_repro.scores import ARTIFACT, KEPT_SPLITS
-from nplm_repro.storage.finding import search
 from nplm_repro.storage.kept import artifacts, download, kept_scores
 from nplm_repro.storage.redaction import redact
-from nplm_repro.storage.store import ensure_experiment, store_error
+from nplm_repro.storage.store import store_error
 
 FORMAT, VERSION = "nplm-repro runs", 1
 SUFFIX = ".runs.jsonl"
@@ -71,7 +68,8 @@ def _number(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-def _float(value: Any) -> float:
+def number(value: Any) -> float:
+    """A metric as the archive has it (a number, or 'nan', 'inf', '-inf') as a float."""
     if isinstance(value, str) and value in ("nan", "inf", "-inf"):
         return float(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -281,7 +279,7 @@ class Archive:
                 "start_time": record["start_time"],
                 "end_time": record["end_time"],
             }
-            row |= {f"metrics.{k}": _float(v) for k, v in record["metrics"].items()}
+            row |= {f"metrics.{k}": number(v) for k, v in record["metrics"].items()}
             row |= {f"params.{k}": v for k, v in record["params"].items()}
             row |= {f"tags.{k}": v for k, v in record["tags"].items()}
             rows.append(row)
@@ -327,126 +325,17 @@ def _check_run(path: Path, number: int, record: dict[str, Any], texts: int) -> N
         raise NplmError(f"{where}: params and tags are strings")
     try:
         for value in record["metrics"].values():
-            _float(value)
+            number(value)
         for name, points in record["history"].items():
             for step, timestamp, value in points:
-                int(step), int(timestamp), _float(value)
+                int(step), int(timestamp), number(value)
         for split, rows in record.get("scores", {}).items():
             for text, logprob, tokens in rows:
                 if not (isinstance(text, int) and 0 <= text < texts):
                     raise ValueError(f"text {text!r} of {split} is not one of the header's {texts} texts")
-                _float(logprob), int(tokens)
+                number(logprob), int(tokens)
     except (TypeError, ValueError) as error:
         raise NplmError(f"{where}: {error}") from None
-
-
-# --- into a store --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Imported:
-    """What an import did: runs added, runs the store already had (by archived id), and the new ids of all."""
-
-    added: list[str]
-    present: list[str]
-    ids: dict[str, str]  # archived id -> the store's
-
-
-def held_runs(uri: str, experiment: str) -> set[str]:
-    """The archived ids of the runs the store holds: what a report it builds may replace (tracking/archived.py)."""
-    return set(imported_ids(uri, experiment))
-
-
-def imported_ids(uri: str, experiment: str) -> dict[str, str]:
-    """The runs of the store's experiment by archived id: an imported run's `archive.run_id`, else its own id."""
-    return {run.data.tags.get(ARCHIVED_ID, run.info.run_id): run.info.run_id for run in search(uri, experiment)}
-
-
-def conflicts(archive: Archive, uri: str, experiment: str, present: dict[str, str]) -> str | None:
-    """Why the store cannot take this archive: a run with an archived run's config_key but another id (a different
-    run of the same job), or None."""
-    for record in archive.runs.values():
-        key = record["tags"].get("config_key")
-        if not key or record["run_id"] in present or record["status"] != "FINISHED":
-            continue
-        for run in search(uri, experiment, f"tags.config_key = '{key}'", "attributes.status = 'FINISHED'"):
-            mine = run.data.tags.get(ARCHIVED_ID, run.info.run_id)
-            if mine != record["run_id"]:
-                return (
-                    f"the store already has run {run.info.run_id} of config_key {key} (row "
-                    f"{record['tags'].get('row', '?')}, seed {record['params'].get('seed', '?')}), a different run "
-                    f"from archived run {record['run_id']}: import into another store, or delete that run"
-                )
-    return None
-
-
-def import_archive(archive: Archive, path: Path, uri: str) -> Imported:
-    """Each archived run the store lacks as a new run of the archive's experiment: its name, status, times, params,
-    tags (run ids mapped to the store's), every metric point, its per-text sums (artifact text_sums.json) and its
-    word-feature files (features/), tagged `archive.run_id` and `archive.file`. Parents first, so that children
-    nest under them in the dashboard. The caller has checked `conflicts`."""
-    client = mlflow.MlflowClient(uri)
-    experiment_id = ensure_experiment(client, archive.experiment)
-    ids = imported_ids(uri, archive.experiment)
-    present = [i for i in sorted(archive.runs) if i in ids]
-    added = []
-    parents = {r["tags"].get("mlflow.parentRunId") for r in archive.runs.values()}
-    for record in sorted(archive.runs.values(), key=lambda r: (r["run_id"] not in parents, r["start_time"])):
-        if record["run_id"] in ids:
-            continue
-        ids[record["run_id"]] = _create(client, experiment_id, archive, path, record, ids)
-        added.append(record["run_id"])
-    return Imported(added, present, ids)
-
-
-def _create(
-    client: mlflow.MlflowClient, experiment_id: str, archive: Archive, path: Path, record: dict, ids: dict[str, str]
-) -> str:
-    tags = {
-        k: (",".join(ids.get(i, i) for i in v.split(",")) if k in ID_TAGS else v) for k, v in record["tags"].items()
-    }
-    tags |= {ARCHIVED_ID: record["run_id"], ARCHIVED_FROM: path.name}
-    run = client.create_run(experiment_id, start_time=record["start_time"], tags=tags, run_name=record["name"])
-    run_id = run.info.run_id
-    try:
-        params = [Param(k, v) for k, v in record["params"].items()]
-        points = [
-            Metric(name, _float(value), int(timestamp), int(step))
-            for name, history in record["history"].items()
-            for step, timestamp, value in history
-        ]
-        finals = {
-            name: Metric(name, _float(value), int(record.get("end_time") or record["start_time"]), 0)
-            for name, value in record["metrics"].items()
-            if name not in record["history"]
-        }
-        for start in range(0, max(len(params), 1), 100):  # MLflow takes at most 100 params a batch
-            client.log_batch(run_id, params=params[start : start + 100])
-        points += finals.values()
-        for start in range(0, len(points), 1000):
-            client.log_batch(run_id, metrics=points[start : start + 1000])
-        if "config" in record:
-            client.log_text(run_id, record["config"], CONFIG)
-        if "scores" in record:
-            sums = {"texts": archive.texts, "scores": record["scores"]}
-            client.log_dict(run_id, sums, TEXT_SUMS)
-        if "features" in record:
-            _log_features(client, run_id, record["features"])
-        client.set_terminated(run_id, record["status"], end_time=record.get("end_time"))
-    except BaseException:
-        client.delete_run(run_id)  # nothing half-imported: a second import tries it again
-        raise
-    return run_id
-
-
-def _log_features(client: mlflow.MlflowClient, run_id: str, features: dict[str, Any]) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        for name in ("neighbours", "sentences"):
-            said = "\n".join(f"- {line}" for line in features[name])
-            (folder / f"{name}.md").write_text(f"# {name} (imported from an archive)\n\n{said}\n", encoding="utf-8")
-        (folder / "map.json").write_text(json.dumps(features["map"], sort_keys=True), encoding="utf-8")
-        client.log_artifacts(run_id, str(folder), FEATURES)
 
 
 # --- what a report reads -------------------------------------------------------------------------------------------
@@ -464,7 +353,7 @@ class ArchiveSource:
 
     def history(self, run_id: str, metric: str) -> list[tuple[int, int, float]]:
         points = self.archive.runs[run_id]["history"].get(metric, [])
-        return [(int(s), int(t), _float(v)) for s, t, v in points]
+        return [(int(s), int(t), number(v)) for s, t, v in points]
 
     def text_sums(self, run_id: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
         scores = self.archive.runs[run_id].get("scores")
@@ -475,7 +364,7 @@ class ArchiveSource:
             table = sorted(rows)
             found[split] = (
                 np.array([r[0] for r in table], dtype=np.int64),
-                np.array([_float(r[1]) for r in table], dtype=np.float64),
+                np.array([number(r[1]) for r in table], dtype=np.float64),
                 np.array([r[2] for r in table], dtype=np.float64),
             )
         return found

@@ -22,7 +22,8 @@ import pandas as pd
 
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import paper_table
-from nplm_repro.storage.archive import Archive, export, held_runs, path_of
+from nplm_repro.storage.archive import Archive, export, path_of
+from nplm_repro.storage.importing import held_runs
 from nplm_repro.storage.locks import archive_lock
 from nplm_repro.tracking.runs import StudyRuns, study_runs
 
