@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import requests
-from helpers import SLICE, SWEEPS, console_script, free_port, run_script
+from helpers import ROOT, SLICE, SWEEPS, console_script, free_port, run_script
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.sweeping.sweep import dashboard as link_of
@@ -275,15 +275,24 @@ def test_the_printed_link_opens_on_the_sweep_with_its_jobs_nested(
     shot = page.screenshot(tmp_path / "dashboard.png")
     assert view.startswith(f"{experiment}/runs"), f"the experiment opens on {view} ({title!r}), not its runs: {shot}"
     assert [row["name"] for row in page.run_links()] == [parent.name]  # its jobs folded under it
+    nested_under(page, parent, dashboard.jobs, tmp_path)
+
+
+def nested_under(page: Page, parent: Run, jobs: list[Run], shots: Path) -> None:
+    """Expanding the parent's row (the runs table shown, the parent's row in it) shows exactly `jobs`, right under
+    it and indented."""
+    link = f"document.querySelector('[role=row] a[href$=\"/runs/{parent.run_id}\"]')"
     expand = f"{link}.closest('[role=gridcell]').querySelector('button')"  # the +/- before the run's name
     assert page.evaluate(f"!!{expand}"), "the parent run has no expand button"
     page.evaluate(f"{expand}.click()")
-    page.wait_for("document.querySelectorAll('[role=row] a[href*=\"/runs/\"]').length > 1", "the sweep's jobs")
-    page.screenshot(tmp_path / "runs_expanded.png")
+    page.wait_for(
+        f"document.querySelectorAll('[role=row] a[href*=\"/runs/\"]').length > {len(jobs)}", "the sweep's jobs"
+    )
+    page.screenshot(shots / "runs_expanded.png")
     top, *rest = page.run_links()
     assert (top["id"], top["name"]) == (parent.run_id, parent.name)
-    assert sorted((row["id"], row["name"]) for row in rest) == sorted((job.run_id, job.name) for job in dashboard.jobs)
-    assert [row["row"] for row in rest] == [top["row"] + 1, top["row"] + 2]  # right under their parent
+    assert sorted((row["id"], row["name"]) for row in rest) == sorted((job.run_id, job.name) for job in jobs)
+    assert [row["row"] for row in rest] == [top["row"] + i for i in range(1, len(jobs) + 1)]  # right under it
     assert all(row["left"] > top["left"] for row in rest)  # indented: nested
 
 
@@ -297,3 +306,32 @@ def test_each_jobs_run_page_shows_its_valid_ppl_and_its_parent(dashboard: Dashbo
         assert float(shown[1]) == job.valid_ppl  # the stored value, every digit
         page.wait_for_text(rf"Parent run {re.escape(dashboard.parent.name)}\b", f"{job.name}'s parent run")
         assert job.name in page.text()
+
+
+@pytest.mark.slow
+@BROWSER
+def test_an_imported_study_shows_its_parent_with_its_jobs_and_their_numbers(page: Page, tmp_path: Path) -> None:
+    """The committed quickstart's runs (reports/quickstart.runs.jsonl), imported into an empty store, are what its
+    sweep made: the parent, its four jobs nested under it, each job's valid_ppl as archived."""
+    archive = ROOT / "reports" / "quickstart.runs.jsonl"
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_script("nplm-import", str(archive), "--tracking-uri", store, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(store)
+    experiment_id = client.get_experiment_by_name("brown").experiment_id
+    runs = {r.info.run_id: r for r in client.search_runs([experiment_id])}
+    (parent,) = [Run(i, r.info.run_name, None) for i, r in runs.items() if r.data.tags.get("sweep") == "true"]
+    jobs = [
+        Run(i, r.info.run_name, r.data.metrics.get("valid_ppl"))
+        for i, r in runs.items()
+        if r.data.tags.get("mlflow.parentRunId") == parent.run_id
+    ]
+    assert len(jobs) == 4
+    with mlflow_ui(store, tmp_path) as url:
+        page.open(f"{url}/#/experiments/{experiment_id}?workflowType=machine_learning")
+        page.wait_for(f"document.querySelector('[role=row] a[href$=\"/runs/{parent.run_id}\"]')", "the parent run")
+        nested_under(page, parent, jobs, tmp_path)
+        (mlp9,) = [job for job in jobs if runs[job.run_id].data.tags.get("row") == "MLP9"]
+        page.open(f"{url}/#/experiments/{experiment_id}/runs/{mlp9.run_id}")
+        shown = page.wait_for_text(r"\bvalid_ppl ([0-9.e+-]+) ", "MLP9's valid_ppl")
+        assert float(shown[1]) == mlp9.valid_ppl

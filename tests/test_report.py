@@ -109,7 +109,7 @@ def test_nplm_report_on_real_runs_writes_the_papers_rows_with_our_exact_numbers(
     # the rows with intervals, the best MLP's map, the claims' forest plot
     figures |= {f"{study}_test.png", f"{study}_features_map.png", f"{study}_claims.png"}
     svgs = {f.removesuffix(".png") + ".svg" for f in figures - {f"{study}_features_map.png"}}  # beside each drawn PNG
-    files = {f"{study}.{ext}" for ext in ("md", "tex", "csv", "html")} | figures | svgs
+    files = {f"{study}.{ext}" for ext in ("md", "tex", "csv", "html", "runs.jsonl")} | figures | svgs  # and its runs
     assert {p.name for p in out.iterdir()} == files
     assert sorted(capsys.readouterr().out.split()) == sorted(str(out / f) for f in files)
     assert all((out / f).read_bytes().startswith(b"\x89PNG") for f in figures)

@@ -68,7 +68,7 @@ def _number(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-def number(value: Any) -> float:
+def metric_value(value: Any) -> float:
     """A metric as the archive has it (a number, or 'nan', 'inf', '-inf') as a float."""
     if isinstance(value, str) and value in ("nan", "inf", "-inf"):
         return float(value)
@@ -279,7 +279,7 @@ class Archive:
                 "start_time": record["start_time"],
                 "end_time": record["end_time"],
             }
-            row |= {f"metrics.{k}": number(v) for k, v in record["metrics"].items()}
+            row |= {f"metrics.{k}": metric_value(v) for k, v in record["metrics"].items()}
             row |= {f"params.{k}": v for k, v in record["params"].items()}
             row |= {f"tags.{k}": v for k, v in record["tags"].items()}
             rows.append(row)
@@ -325,15 +325,15 @@ def _check_run(path: Path, number: int, record: dict[str, Any], texts: int) -> N
         raise NplmError(f"{where}: params and tags are strings")
     try:
         for value in record["metrics"].values():
-            number(value)
+            metric_value(value)
         for name, points in record["history"].items():
             for step, timestamp, value in points:
-                int(step), int(timestamp), number(value)
+                int(step), int(timestamp), metric_value(value)
         for split, rows in record.get("scores", {}).items():
             for text, logprob, tokens in rows:
                 if not (isinstance(text, int) and 0 <= text < texts):
                     raise ValueError(f"text {text!r} of {split} is not one of the header's {texts} texts")
-                number(logprob), int(tokens)
+                metric_value(logprob), int(tokens)
     except (TypeError, ValueError) as error:
         raise NplmError(f"{where}: {error}") from None
 
@@ -353,7 +353,7 @@ class ArchiveSource:
 
     def history(self, run_id: str, metric: str) -> list[tuple[int, int, float]]:
         points = self.archive.runs[run_id]["history"].get(metric, [])
-        return [(int(s), int(t), number(v)) for s, t, v in points]
+        return [(int(s), int(t), metric_value(v)) for s, t, v in points]
 
     def text_sums(self, run_id: str) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
         scores = self.archive.runs[run_id].get("scores")
@@ -364,7 +364,7 @@ class ArchiveSource:
             table = sorted(rows)
             found[split] = (
                 np.array([r[0] for r in table], dtype=np.int64),
-                np.array([number(r[1]) for r in table], dtype=np.float64),
+                np.array([metric_value(r[1]) for r in table], dtype=np.float64),
                 np.array([r[2] for r in table], dtype=np.float64),
             )
         return found

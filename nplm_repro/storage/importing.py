@@ -20,7 +20,7 @@ from nplm_repro.storage.archive import (
     ID_TAGS,
     TEXT_SUMS,
     Archive,
-    number,
+    metric_value,
 )
 from nplm_repro.storage.finding import search
 from nplm_repro.storage.store import ensure_experiment
@@ -94,12 +94,12 @@ def _create(
     try:
         params = [Param(k, v) for k, v in record["params"].items()]
         points = [
-            Metric(name, number(value), int(timestamp), int(step))
+            Metric(name, metric_value(value), int(timestamp), int(step))
             for name, history in record["history"].items()
             for step, timestamp, value in history
         ]
         finals = {
-            name: Metric(name, number(value), int(record.get("end_time") or record["start_time"]), 0)
+            name: Metric(name, metric_value(value), int(record.get("end_time") or record["start_time"]), 0)
             for name, value in record["metrics"].items()
             if name not in record["history"]
         }
