@@ -58,6 +58,14 @@ def archive(made: Path) -> Path:
     return made / "rep" / f"quickstart{SUFFIX}"
 
 
+@pytest.fixture
+def imported(archive: Path, tmp_path: Path) -> str:
+    """A store in tmp_path with the quickstart's archive imported: its URI."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert nplm_import(tmp_path, uri, archive).returncode == 0
+    return uri
+
+
 @pytest.mark.slow
 def test_the_sweep_ships_its_runs_and_an_import_of_them_resumes_it_training_nothing(
     made: Path, archive: Path, brown_path: Path, tmp_path: Path
@@ -90,28 +98,23 @@ def test_the_sweep_ships_its_runs_and_an_import_of_them_resumes_it_training_noth
 
 @pytest.mark.slow
 def test_a_run_deleted_from_an_imported_study_is_the_one_job_its_sweep_trains(
-    archive: Path, brown_path: Path, tmp_path: Path
+    imported: str, brown_path: Path, tmp_path: Path
 ) -> None:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    assert nplm_import(tmp_path, uri, archive).returncode == 0
-    client = mlflow.MlflowClient(uri)
-    (mlp9,) = [r for r in runs_in(uri) if r.data.tags.get("row") == "MLP9"]
-    client.delete_run(mlp9.info.run_id)
-    output = sweep(tmp_path, brown_path, uri)
+    (mlp9,) = [r for r in runs_in(imported) if r.data.tags.get("row") == "MLP9"]
+    mlflow.MlflowClient(imported).delete_run(mlp9.info.run_id)
+    output = sweep(tmp_path, brown_path, imported)
     assert output.count("skipped: run") == 3, output[-3000:]
-    new = [r for r in runs_in(uri) if "archive.run_id" not in r.data.tags]
+    new = [r for r in runs_in(imported) if "archive.run_id" not in r.data.tags]
     assert [r.data.tags.get("row") for r in new] == ["MLP9"] and new[0].info.status == "FINISHED"
 
 
 @pytest.mark.slow
 def test_a_new_mixture_over_an_imported_run_names_the_row_to_re_run(
-    archive: Path, brown_path: Path, tmp_path: Path
+    imported: str, archive: Path, brown_path: Path, tmp_path: Path
 ) -> None:
     """An imported run has each text's sum of scores, not each token's: a mixture it was not in cannot be made."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    assert nplm_import(tmp_path, uri, archive).returncode == 0
     args = ["experiment=mlp10", "model.mode=learned", "study=quickstart", f"data.path={brown_path}", *TINY]
-    result = run_script("nplm-train", *args, f"tracking.uri={uri}", cwd=tmp_path)
+    result = run_script("nplm-train", *args, f"tracking.uri={imported}", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     line = result.stderr.strip().splitlines()[-1]  # the study's sweep of one job: its progress, then the error
     assert line.startswith("nplm-train: error: run ") and "(row MLP9)" in line, line
