@@ -6,8 +6,10 @@ and every committed report is rebuilt from its archive alone, the same files as 
 import filecmp
 import io
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from helpers import ROOT, data_slice, run_script
+from helpers import ROOT, console_script, data_slice, run_script
 from PIL import Image
 
 from nplm_repro.storage.archive import SUFFIX, Archive, dumps
@@ -119,6 +121,30 @@ def test_a_new_mixture_over_an_imported_run_names_the_row_to_re_run(
     line = result.stderr.strip().splitlines()[-1]  # the study's sweep of one job: its progress, then the error
     assert line.startswith("nplm-train: error: run ") and "(row MLP9)" in line, line
     assert f"imported from {archive.name}" in line and "re-run row MLP9 here" in line
+
+
+@pytest.mark.slow
+def test_each_run_is_in_the_archive_as_soon_as_it_ends(brown_path: Path, tmp_path: Path) -> None:
+    """A sweep's machine may be lost at any time: Kneser-Ney's run is shipped while MLP9, after it, still trains."""
+    args = ["-m", "study=quickstart", "experiment=kn3,mlp9", "hydra/launcher=basic", f"data.path={brown_path}"]
+    args += [*data_slice(20_000, 4_000, 4_000), "trainer.max_epochs=200", f"tracking.uri=sqlite:///{tmp_path}/m.db"]
+    with open(tmp_path / "sweep.log", "w") as log:
+        command = [console_script("nplm-train"), *args, "report=rep"]
+        options = {"cwd": tmp_path, "stdout": log, "stderr": subprocess.STDOUT, "start_new_session": True}
+        sweeping = subprocess.Popen(command, **options)
+    try:
+        archive, deadline = tmp_path / "rep" / f"quickstart{SUFFIX}", time.monotonic() + 300
+        while not (archive.is_file() and "Kneser-Ney" in archive.read_text()):
+            assert sweeping.poll() is None, (tmp_path / "sweep.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "Kneser-Ney's run not archived in 300 s"
+            time.sleep(0.5)
+        assert sweeping.poll() is None  # MLP9 trains on
+        runs = Archive.read(archive).runs.values()
+        (shipped,) = [run for run in runs if run["tags"].get("sweep") != "true"]  # and the sweep's parent
+        assert shipped["status"] == "FINISHED" and shipped["scores"]["test"]
+    finally:
+        os.killpg(sweeping.pid, signal.SIGKILL)  # the machine lost
+        sweeping.wait()
 
 
 def broken(text: str) -> dict[str, str]:

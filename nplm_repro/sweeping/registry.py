@@ -25,6 +25,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.migrations import CHECKPOINT_BEFORE_MODELS
 from nplm_repro.serving.scoring import RunScorer, has_weights
 from nplm_repro.serving.served import log_model, model_of
+from nplm_repro.storage.archive import ARCHIVED_ID
 from nplm_repro.storage.kept import download
 from nplm_repro.storage.store import tracking_at
 from nplm_repro.tracking.best import ranked_runs
@@ -55,13 +56,16 @@ def best_with_weights(
         source = run["adopted_from"] or run["run_id"]
         if has_weights(client, source):
             return run
+        imported = ARCHIVED_ID in client.get_run(source).data.tags
         log.warning(
-            "registry: run %s (%s, seed %s, valid %.1f) has no weights (it stopped before its first validation, or "
-            "they were deleted): not registered",
+            "registry: run %s (%s, seed %s, valid %.1f) has no weights (%s): not registered",
             source,
             run["row_tag"] or run["family_label"],
             run["seed"],
             run["valid_ppl"],
+            "imported from an archive, which ships no weights"
+            if imported
+            else "it stopped before its first validation, or they were deleted",
         )
     log.info("registry: study %s has no finished trained run with weights: nothing registered", study)
     return None
