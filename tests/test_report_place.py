@@ -41,6 +41,12 @@ def test_one_tiny_job_of_a_committed_study_leaves_its_report_unchanged(tiny_brow
     said = f"report: {reports}/brown_modern.md is made of another corpus (fingerprint b45c28977b58c44b): it is kept"
     assert said in result.stdout and f"this one is written to {beside}/" in result.stdout
     assert (beside / "brown_modern.runs.jsonl").is_file()  # its archive beside it, the committed folder untouched
+    # nplm-report on the same scratch store: the same guard (it rewrote the committed report, exit 0)
+    again = ["--study", "brown_modern", "--tracking-uri", "sqlite:///scratch.db", "--out", str(reports)]
+    result = run_script("nplm-report", *again, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert digests(reports) == committed
+    assert said in result.stderr and f"this one is written to {beside}/" in result.stderr
 
 
 def test_a_report_is_replaced_only_by_one_of_its_corpus_holding_all_its_runs(tmp_path: Path) -> None:
