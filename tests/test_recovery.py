@@ -279,6 +279,24 @@ def test_an_lstm_whose_perplexity_is_infinite_fails_as_diverged(tiny_brown_path:
     )
 
 
+@pytest.mark.slow  # about 15 s
+def test_an_mlp_far_worse_than_uniform_fails_as_diverged_though_its_numbers_are_finite(
+    tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """MLP9 at optim.lr=0.05 on the tiny corpus trained at 343 nats a token (uniform over |V| = 384 is 5.95) and
+    FINISHED, valid 3.1e155 printed as a 157-digit number. A validation perplexity over 10 |V| fails the run."""
+    uri = f"sqlite:///{tmp_path}/m.db"
+    args = [NPLM_TRAIN, "experiment=mlp9", "optim.lr=0.05", f"data.path={tiny_brown_path}"]
+    args += [*data_slice(7_000, 1_500, 1_500), "trainer.max_epochs=2", f"tracking.uri={uri}"]
+    result = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, stderr_tail(result)
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.search(r"validation perplexity is \S+ after epoch 1, over 10 times \|V\| = \d+ ", last), last
+    assert last.endswith("the model diverged (try a smaller optim.lr)")
+    (run,) = runs(uri)
+    assert run.info.status == "FAILED" and "valid_ppl" not in run.data.metrics
+
+
 @pytest.mark.slow  # about 8-16 s: outside the default suite's 5 minutes
 def test_unexpected_error_is_one_line_and_a_failed_run_with_its_traceback(brown_path: Path, tmp_path: Path) -> None:
     """A typo in an extra Trainer argument is a TypeError inside the run, not a bad value check_config knows."""

@@ -82,6 +82,9 @@ SAMPLED: dict[str, Rule] = {
 # perplexity would be recorded as inf (which MLflow's SQL store keeps as 1.8e308). Far above any loss of a model that
 # learns: the uniform distribution over Brown's vocabulary has ln |V| = 9.8.
 LOSS_LIMIT = math.log(sys.float_info.max)
+# A validation perplexity this many times |V| (a model giving every word the same probability scores |V|) is no
+# model that learned: it diverged, though its numbers are finite (MLP9 at optim.lr=0.05 on a tiny corpus: 343 nats)
+FAR_ABOVE_UNIFORM = 10.0
 DIVERGED = "the model diverged (try a smaller optim.lr)"
 
 
@@ -230,6 +233,7 @@ class LanguageModule(L.LightningModule, Family):
         builder's `word_classes`; a checkpoint restores them without). The exact output layer until training picks
         the run's own (`on_train_start`)."""
         self.output = OUTPUTS[output]
+        self.vocab_size = vocab_size
         if self.output.word_classes:
             self.classes = ClassOutput(vocab_size, classes or class_count(vocab_size), widths, word_classes)
         self.layer = choose(self.classes, {}, "32-true", None)
@@ -344,6 +348,11 @@ class LanguageModule(L.LightningModule, Family):
         if not self.trainer.sanity_checking and not torch.isfinite(perplexity):
             raise NplmError(
                 f"validation perplexity is {perplexity.item()} after epoch {self.current_epoch + 1}: {DIVERGED}"
+            )
+        if not self.trainer.sanity_checking and perplexity.item() > FAR_ABOVE_UNIFORM * self.vocab_size:
+            raise NplmError(
+                f"validation perplexity is {perplexity.item():.3g} after epoch {self.current_epoch + 1}, over "
+                f"{FAR_ABOVE_UNIFORM:g} times |V| = {self.vocab_size} (every word alike scores |V|): {DIVERGED}"
             )
         # sync_dist: under DDP every process scores the whole split, so the mean of theirs is that number
         self.log("valid_ppl_epoch", perplexity, prog_bar=True, sync_dist=True)
