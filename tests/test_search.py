@@ -30,8 +30,12 @@ def search(brown_path: Path, where: Path, *overrides: str) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
+def study_of(where: Path, name: str = "paper_lr") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{where}/optuna.db")
+
+
 def trials(where: Path, name: str = "paper_lr") -> list:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{where}/optuna.db").trials
+    return study_of(where, name).trials
 
 
 @pytest.mark.slow
@@ -258,6 +262,25 @@ def test_a_search_in_the_folder_of_another_never_reports_its_result(tiny_brown_p
     code, _, stderr = tiny_search(tiny_brown_path, tmp_path, *first, "model.h=4", f"hydra.sweeper.study_name={own}")
     assert code == 0 and f"search {own}: 1 complete" in stderr, stderr[-3000:]
     assert len(trials(tmp_path, own)) == 1 and len(trials(tmp_path)) == 1
+
+
+@pytest.mark.slow  # two searches, about 30 s
+def test_a_study_kept_without_a_binding_is_refused_unless_adopted(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """An optuna.db from before searches kept a binding was resumed by any search of its name: it ran no trial,
+    exited 0 with that study's best value (126.0) as its own, and bound the study to itself."""
+    old = optuna.create_study(study_name="paper_lr", storage=f"sqlite:///{tmp_path}/optuna.db")
+    lr = optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)
+    old.add_trial(optuna.trial.create_trial(params={"optim.lr": 1e-2}, distributions={"optim.lr": lr}, value=126.0))
+    other = ["data.split.train=5000", "tracking.uri=sqlite:///other.db"]
+    code, line, said = tiny_search(tiny_brown_path, tmp_path, *other)
+    assert code == 2 and "126" not in said, said[-3000:]
+    assert line.startswith("nplm-train: error: search paper_lr in sqlite:///optuna.db was made before searches kept")
+    assert "hydra.sweeper.study_name=paper_lr_" in line and line.endswith("hydra.sweeper.adopt=true (nothing was run)")
+    assert not (tmp_path / "other.db").exists() and "binding" not in study_of(tmp_path).user_attrs
+
+    code, _, said = tiny_search(tiny_brown_path, tmp_path, *other, "hydra.sweeper.adopt=true")
+    assert code == 0, said[-3000:]
+    assert study_of(tmp_path).user_attrs["binding"]["store"] == "sqlite:///other.db"  # it is this search's now
 
 
 @pytest.mark.parametrize(  # each starts nplm-train (about 10 s): one in the default suite, the others slow

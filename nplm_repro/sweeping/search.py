@@ -139,8 +139,10 @@ class Search(Sweeper):
         cpu_hours: float | None = None,
         stop_seconds: float = 30.0,
         retrain: DictConfig | None = None,
+        adopt: bool = False,
     ) -> None:
-        """`n_trials` None: no cap, the budget `cpu_hours` alone ends the search. `retrain`: `{top, seeds}` or None."""
+        """`n_trials` None: no cap, the budget `cpu_hours` alone ends the search. `retrain`: `{top, seeds}` or None.
+        `adopt`: a study of this name kept with no binding is this search's (search_checks.py checks it)."""
         self.study_name, self.storage, self.direction = study_name, storage, direction
         self.n_trials, self.n_jobs, self.cpu_hours = n_trials, n_jobs, cpu_hours
         self.stop_seconds = stop_seconds
@@ -169,7 +171,7 @@ class Search(Sweeper):
             direction=self.direction,
             load_if_exists=True,
         )
-        if BINDING not in study.user_attrs:  # made now, or before bindings were kept (search_checks.py)
+        if study.user_attrs.get(BINDING) is None:  # made now, or before bindings were kept and adopted (search_checks)
             study.set_user_attr(BINDING, binding(self.config))
         self._next_job = len(study.trials)
         left = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))  # their numbers, values

@@ -8,7 +8,8 @@ therefore bound to what it searches (`binding`): the corpus's fingerprint, the t
 to, and the config's fixed part (the whole config less what the search sweeps, keyed as a run is: keys.config_key).
 The search records its binding on the study it creates (`BINDING`); the same command after a stop finds the same
 binding and resumes, any other command gets one line naming what differs and exit 2, and is told to give its search
-a name of its own. A study from before bindings were kept takes the binding of the search that resumes it.
+a name of its own. A study from before bindings were kept (no binding) may have searched anything: it is refused the
+same way, unless the command adopts it (`hydra.sweeper.adopt=true`), which binds it to that command's search.
 """
 
 from __future__ import annotations
@@ -139,9 +140,16 @@ def check_binding(config: DictConfig) -> None:
         return
     kept = optuna.load_study(study_name=name, storage=storage).user_attrs.get(BINDING)
     mine = binding(config)
-    if kept is None or kept == mine:
+    if kept == mine or (kept is None and sweeper.get("adopt")):
         return
     own = hashlib.sha256(json.dumps(mine, sort_keys=True).encode()).hexdigest()[:8]
+    if kept is None:
+        raise NplmError(
+            f"search {name} in {redact(storage)} was made before searches kept what they search: its trials may be "
+            f"of other data, another store or another config, so it is not resumed; start afresh under a name of "
+            f"its own, hydra.sweeper.study_name={name}_{own}, or, if it is this search's, adopt it with "
+            "hydra.sweeper.adopt=true (nothing was run)"
+        )
     differ = "; ".join(f"{WHAT[k]} {kept.get(k)} there, {mine[k]} here" for k in WHAT if kept.get(k) != mine[k])
     raise NplmError(
         f"search {name} in {redact(storage)} searched something else ({differ}): it is resumed only by the command "
