@@ -128,7 +128,7 @@ def test_a_trial_left_running_is_launched_again_with_its_number(brown_path: Path
     distributions["optim.decay_rate"] = optuna.distributions.FloatDistribution(1e-9, 1e-6, log=True)
     study = optuna.create_study(study_name="paper_lr", storage=f"sqlite:///{tmp_path}/optuna.db")
     left = study.ask(distributions)
-    search(brown_path, tmp_path, "hydra.sweeper.n_trials=1")
+    search(brown_path, tmp_path, "hydra.sweeper.n_trials=1", "hydra.sweeper.adopt=true")  # made here, unbound
     (found,) = trials(tmp_path)
     assert found.number == 0 and found.state == optuna.trial.TrialState.COMPLETE and found.params == left.params
 
