@@ -41,6 +41,7 @@ UNQUOTED = re.compile(r"LexerNoViableAltException: ([+~]*[^=\s]+)=")
 
 # Hydra's words for a key the model's config has not: on a mixed row (`experiment=mlp2 model.h=16`), a key of the
 # model of one of the rows it mixes
+NO_STUDY = re.compile(r"Could not find 'study/([^']+)'")
 NOT_IN_MODEL = re.compile(r"Could not override 'model\.([\w.]+)'.*Key '[\w.]+' is not in struct")
 
 
@@ -88,10 +89,24 @@ def mixture_hint(message: str, argv: list[str]) -> str:
     return ""
 
 
+def study_hint(message: str) -> str:
+    """The studies there are, and where one's own goes, for a `study=<name>` Hydra found no file of (`NO_STUDY`)."""
+    if not NO_STUDY.search(message):
+        return ""
+    folder = resources.files("nplm_repro.conf").joinpath("study")
+    studies = sorted(f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml"))
+    return (
+        f" (the studies: {', '.join(studies)}; a study of your own is one file, <dir>/study/<name>.yaml, run with "
+        "-m 'hydra.searchpath=[file://<dir>]' study=<name>: docs/studies.md)"
+    )
+
+
 def hints(message: str) -> str:
     """What to add to Hydra's one-line `message`: the fixes of HINTS whose words it holds, where a model key refused on
-    a mixed row belongs (`mixture_hint`), and how to quote a value that Hydra's lexer refused (`UNQUOTED`)."""
+    a mixed row belongs (`mixture_hint`), the studies there are (`study_hint`), and how to quote a value that Hydra's
+    lexer refused (`UNQUOTED`)."""
     found = "".join(hint for words, hint in HINTS.items() if words in message) + mixture_hint(message, sys.argv[1:])
+    found += study_hint(message)
     if refused := UNQUOTED.search(message):
         found += (
             " (a value with characters other than ASCII letters, digits, spaces and _-./ needs quotes: "

@@ -217,6 +217,14 @@ def test_a_value_hydra_cannot_read_unquoted_says_how_to_quote_it(tmp_path: Path)
     assert quoted.returncode == 0 and "note: über — a test\n" in quoted.stdout, quoted.stderr[-3000:]
 
 
+@pytest.mark.slow  # a command's start-up: seconds
+def test_a_study_that_does_not_exist_lists_the_studies_and_where_ones_own_goes(tmp_path: Path) -> None:
+    """It was Hydra's bare "In 'config': Could not find 'study/mystudy'"."""
+    line = refused(run_script("nplm-train", "-m", "study=mystudy", cwd=tmp_path), "nplm-train")
+    assert line.startswith("In 'config': Could not find 'study/mystudy' (the studies: ap_table2, brown_batch, "), line
+    assert "quickstart; a study of your own is one file, <dir>/study/<name>.yaml" in line and "docs/studies.md" in line
+
+
 def test_a_bench_list_given_one_name_is_that_names_list() -> None:
     """`bench.what=matmul` (a string to Hydra) was read letter by letter: "unknown ['a', 'l', 'm', 't', 'u']"."""
     with initialize_config_module(config_module="nplm_repro.conf", version_base="1.3"):

@@ -217,4 +217,4 @@ def test_bf16_mixed_on_a_cpu_without_bfloat16_units_warns_once_naming_it(
         said = [r.getMessage() for r in caplog.records if "bfloat16 units" in r.getMessage()]
         assert len(said) == warnings, said
     assert said[0].startswith(f"trainer.precision=bf16-mixed on {cpu}, which has no bfloat16 units")
-    assert said[0].endswith("(trainer.precision=auto measures and chooses)")
+    assert said[0].endswith("(trainer.precision=auto trains in float32 on every CPU)")  # not "measures and chooses"

@@ -167,7 +167,7 @@ def warn_slow_bf16(cpu: str) -> None:
     """Once a process: bf16-mixed on a CPU without bfloat16 units trains, but many times slower than float32."""
     log.warning(
         "trainer.precision=bf16-mixed on %s, which has no bfloat16 units: its products are emulated, many times "
-        "slower than float32 (trainer.precision=auto measures and chooses)",
+        "slower than float32 (trainer.precision=auto trains in float32 on every CPU)",
         cpu,
     )
 
