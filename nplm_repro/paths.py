@@ -3,6 +3,7 @@ A leaf every layer may use (torch-free: nplm-report checks its --out with it).""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -23,3 +24,19 @@ def check_report_dir(report: str, named: str | None = None) -> None:
         os.rmdir(tempfile.mkdtemp(dir=existing))
     except OSError as error:
         raise NplmError(f"{named}: cannot create a directory in {existing} ({error.strerror})") from None
+
+
+def why_missing(path: Path) -> str:
+    """Why `path`, which does not exist, is not there, as a user would check it: a symbolic link that loops, or one
+    to a file that does not exist, or no such file or directory (what the OS says of all three)."""
+    if not path.is_symlink():
+        return "no such file or directory"
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11's resolve says a loop so
+        return "a symbolic link that loops back to itself"
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a symbolic link that loops back to itself"
+    return f"a symbolic link to {os.readlink(path)}, which does not exist"
+

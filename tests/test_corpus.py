@@ -15,6 +15,7 @@ from helpers import run_script
 
 from nplm_repro.data.brown import find_brown, prepare_brown
 from nplm_repro.data.corpus import END_OF_PARAGRAPH, END_OF_TEXT, UNK, Corpus
+from nplm_repro.data.text import source_path
 from nplm_repro.data.windows import WindowBatches, split_context, windows
 from nplm_repro.errors import NplmError, one_line
 
@@ -237,3 +238,22 @@ def test_tiny_brown_is_what_its_script_writes(tiny_brown_path: Path, tmp_path: P
         assert all(committed.read(name) == written.read(name) for name in committed.namelist())
     tiny = prepare_brown(str(tiny_brown_path), train=6000, valid=2000)
     assert tiny.counts["texts"] == 21 and tiny.counts["unk_types"] > 0 and tiny.source == "tiny_brown.zip"
+
+
+def test_a_path_that_is_a_symbolic_link_loop_or_dangling_says_so(tmp_path: Path) -> None:
+    """A symlink loop was called "no such file or directory", as the OS calls it."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "gone").symlink_to(tmp_path / "nothing")
+    said = {}
+    for name in ("a", "gone", "none"):
+        with pytest.raises(NplmError) as refused:
+            source_path(str(tmp_path / name), "data.path")
+        said[name] = str(refused.value).removeprefix(f"data.path={tmp_path / name}: ")
+    assert said == {
+        "a": "a symbolic link that loops back to itself",
+        "gone": f"a symbolic link to {tmp_path / 'nothing'}, which does not exist",
+        "none": "no such file or directory",
+    }
+    with pytest.raises(NplmError, match=r"looked in: \S+/a \(a symbolic link that loops back to itself\)"):
+        find_brown(tmp_path / "a")

@@ -21,6 +21,7 @@ from nplm_repro.data.splits import split_bounds
 from nplm_repro.data.tokens import END_OF_PARAGRAPH, END_OF_TEXT, split_paragraphs
 from nplm_repro.data.vocabulary import build_vocab, check_vocab_from, word_counts
 from nplm_repro.errors import NplmError
+from nplm_repro.paths import why_missing
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def find_brown(path: str | os.PathLike | None) -> Path:
     for candidate in candidates:
         if candidate.exists():
             return candidate
-    looked = ", ".join(str(c) for c in candidates)
+    looked = ", ".join(f"{c} ({why_missing(c)})" if c.is_symlink() else str(c) for c in candidates)
     raise NplmError(f"Brown corpus not found (looked in: {looked}); {HOW_TO_GET_BROWN}")
 
 

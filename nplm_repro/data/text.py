@@ -43,6 +43,7 @@ from nplm_repro.data.splits import SPLITS, split_bounds
 from nplm_repro.data.tokens import END_OF_PARAGRAPH, END_OF_TEXT, split_paragraphs
 from nplm_repro.data.vocabulary import UNK, check_vocab_from, word_counts
 from nplm_repro.errors import NplmError
+from nplm_repro.paths import why_missing
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def source_path(path: str, key: str) -> Path:
     step of reading, and what nplm-train checks before it opens a store (`checks.check_job`)."""
     where = Path(path).expanduser()
     if not where.exists():
-        raise NplmError(f"{key}={path}: no such file or directory")
+        raise NplmError(f"{key}={path}: {why_missing(where)}")
     if where.is_file() and where.suffix.lower() == ".zip":
         open_zip(where).close()
     return where
