@@ -94,7 +94,8 @@ def test_a_text_with_no_words_or_no_text_is_refused(mlp: Run, tmp_path: Path, sc
     cases = {
         b"": "no words in it",
         b" \n\n\t\n": "no words in it",
-        b"\x00\x00\x00": "has a NUL byte at byte 0: binary data, not text",
+        b"\x00\x00\x00": "has a NUL byte at byte 0: binary data, not text, or UTF-16 text with no byte-order mark",
+        "The jury".encode("utf-16-le"): "has a NUL byte at byte 1: binary data, not text, or UTF-16 text with no byte",
         b"The jury \xff\xfe said": "not utf-8 text at byte 9 and it has no byte-order mark: give its encoding (",
     }
     for i, (raw, words) in enumerate(cases.items()):

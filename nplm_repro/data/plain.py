@@ -28,11 +28,14 @@ def read_text(text: str, data: Any, name: str, tokenized: bool = False, at: int 
     Brown's own texts are read, plain text cut by `brown_words`; on a text corpus, the run's reader and
     preprocessing). Invisible characters (zero-width joiners, variation selectors, a BOM, ...) are dropped first, as
     from the corpus's own files (text.py's `drop_invisible`). `name` says what the text is in errors (a NUL: binary
-    data, not text), `at` where the text starts in its file (UTF-8 bytes: `text_pieces` reads a file a piece at a
+    data, or UTF-16 without its byte-order mark), `at` where the text starts in its file (UTF-8 bytes: `text_pieces` reads a file a piece at a
     time)."""
     if "\x00" in text:
         at += len(text[: text.index("\x00")].encode())
-        raise NplmError(f"{name} has a NUL byte at byte {at}: binary data, not text")
+        raise NplmError(
+            f"{name} has a NUL byte at byte {at}: binary data, not text, or UTF-16 text with no byte-order mark "
+            "(nplm-score reads that with --encoding utf-16)"
+        )
     text, kind = drop_invisible(text), corpus_kind(data)
     if tokenized:
         return marked(split_paragraphs(text.splitlines(), str.split), kind.marks_paragraphs(data))
