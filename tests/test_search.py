@@ -243,8 +243,9 @@ def test_a_search_in_the_folder_of_another_never_reports_its_result(tiny_brown_p
     ran no trial and exited 0 with the first's best value as its own, leaving an empty FINISHED parent run. The same
     command resumes its own study; another corpus, store or config is refused before its store is made."""
     first = ["data.split.train=5000", "tracking.uri=sqlite:///first.db"]
-    for _ in range(2):  # the second finds its one trial done and its binding the same
-        code, _, stderr = tiny_search(tiny_brown_path, tmp_path, *first)
+    for store in ("sqlite:///first.db", f"sqlite:///{tmp_path}/../{tmp_path.name}/first.db"):  # one store, named two ways
+        # the second finds its one trial done and its binding the same
+        code, _, stderr = tiny_search(tiny_brown_path, tmp_path, "data.split.train=5000", f"tracking.uri={store}")
         assert code == 0 and "search paper_lr: 1 complete" in stderr, stderr[-3000:]
     binding = optuna.load_study(study_name="paper_lr", storage=f"sqlite:///{tmp_path}/optuna.db").user_attrs["binding"]
     assert binding["store"] == "sqlite:///first.db" and len(binding["corpus"]) == 16

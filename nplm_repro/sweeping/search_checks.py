@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.storage.redaction import redact
+from nplm_repro.storage.store import sqlite_file
 from nplm_repro.tracking.keys import config_key
 
 SEARCH_SWEEPER = "hydra_plugins.nplm_repro_search.OptunaSearch"
@@ -125,6 +126,14 @@ def binding(config: DictConfig) -> dict[str, str]:
     return {"corpus": fingerprint, "store": redact(str(config.tracking.uri)), "config": config_key(fixed, "")}
 
 
+def _same(bound: dict[str, str]) -> dict[str, str]:
+    """A binding as compared: a SQLite store by its file's resolved path, however the URI named it (relative, absolute,
+    through `..`), so that one store is never called another."""
+    store = str(bound.get("store", ""))
+    path = sqlite_file(store)
+    return {**bound, "store": f"sqlite:///{path.resolve()}" if path is not None else store}
+
+
 def check_binding(config: DictConfig) -> None:
     """The study of this search's name in its storage, if there is one, was made for this search's `binding`:
     else one line naming what differs and a name of its own for this search. A storage file not yet made is not
@@ -140,7 +149,7 @@ def check_binding(config: DictConfig) -> None:
         return
     kept = optuna.load_study(study_name=name, storage=storage).user_attrs.get(BINDING)
     mine = binding(config)
-    if kept == mine or (kept is None and sweeper.get("adopt")):
+    if (kept is not None and _same(kept) == _same(mine)) or (kept is None and sweeper.get("adopt")):
         return
     own = hashlib.sha256(json.dumps(mine, sort_keys=True).encode()).hexdigest()[:8]
     if kept is None:
@@ -150,7 +159,8 @@ def check_binding(config: DictConfig) -> None:
             f"its own, hydra.sweeper.study_name={name}_{own}, or, if it is this search's, adopt it with "
             "hydra.sweeper.adopt=true (nothing was run)"
         )
-    differ = "; ".join(f"{WHAT[k]} {kept.get(k)} there, {mine[k]} here" for k in WHAT if kept.get(k) != mine[k])
+    theirs, ours = _same(kept), _same(mine)
+    differ = "; ".join(f"{WHAT[k]} {kept.get(k)} there, {mine[k]} here" for k in WHAT if theirs.get(k) != ours[k])
     raise NplmError(
         f"search {name} in {redact(storage)} searched something else ({differ}): it is resumed only by the command "
         f"that started it; give this search its own study name, hydra.sweeper.study_name={name}_{own}"
