@@ -14,7 +14,7 @@ Takes the same overrides as `nplm-train`. Every line is timed in `bench.repeats`
 `repeats` and `steps` (or `passes`, of a whole job) that it rests on. Every line of a trained family says how far
 it is from the machine's limit: `flops_per_token` (counted from the layer shapes by the family, `flops_per_token`:
 2 flops a multiply-add, the backward twice the forward, the output layer at the rows the line computes: |V|, the k
-drawn words and the target, or a class layer's classes and a token's class), `achieved_gflops` (that at the median
+drawn words (at most |V|: a repeat is computed once) and the target, or a class layer's classes and a token's class), `achieved_gflops` (that at the median
 rate) and `share_of_matmul`, that against the output layer's own matrix products measured by this process in the
 dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 otherwise), on the same device.
 - matmul: the three output-layer products of a training step (forward y = z O^T, backward dy O and
@@ -240,9 +240,11 @@ def bench(cfg: DictConfig) -> None:
     classes = OmegaConf.merge(exact, {"model": {"output": "classes"}})
 
     def flops(layer: str, trained: LanguageModule) -> float:
-        """A line's FLOPs a token at the output rows it computes: |V|, the k drawn words (at most: with repeats)
-        and the target, or the classes and a token's class (of the line's module's classes)."""
-        rows = {"exact": vocab, "sampled": drawn.samples + 1}.get(layer) or rows_per_token(trained, corpus)
+        """A line's FLOPs a token at the output rows it computes: |V|, the k drawn words and the target (at most:
+        the draws' repeats are computed once, so never more rows than |V| and the target), or the classes and a
+        token's class (of the line's module's classes)."""
+        sampled_rows = min(drawn.samples, vocab) + 1  # k = 500 over |V| = 384 had share_of_matmul read 2.9
+        rows = {"exact": vocab, "sampled": sampled_rows}.get(layer) or rows_per_token(trained, corpus)
         return 3 * probe.flops_per_token(rows)
 
     floors: dict[str, PlainFloor] = {}  # the plain loops, by the line they are the floor of
