@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import evidence_of
+from helpers import composed, evidence_of
 from hydra import compose, initialize_config_module
 
 from nplm_repro.errors import NplmError
 from nplm_repro.reporting.claims import HOLDS, check_claims
 from nplm_repro.tracking.confounds import CONFOUNDED, allowed, differences
 from nplm_repro.sweeping.sweep import check_declaration
+from nplm_repro.tracking.study_rows import job_config
 
 EXACT = {"model.output": "standard", "optim.output": "exact", "trainer.precision": "bf16-mixed"}
 SAMPLED = {
@@ -122,3 +123,14 @@ def test_a_sweep_refuses_a_confounded_claim_before_any_job(tmp_path: Path, same_
         "optim.output=sampled: confounded: they also differ in trainer.limit_val_batches (None / 0.25); run them "
         "alike, or name the keys in the claim's `varies`"
     )
+
+
+def test_a_sweep_compares_the_precision_a_job_will_compute_in_not_the_word_auto() -> None:
+    """A row at the default `auto` against one at explicit 32-true was refused as "confounded (auto / 32-true)",
+    though an MLP trains in float32 under both, with one run key; the report of the same runs gave a verdict."""
+    auto, explicit = (job_config(composed("experiment=mlp9", f"trainer.precision={p}")) for p in ("auto", "32-true"))
+    assert auto["trainer.precision"] == explicit["trainer.precision"] == "32-true"
+    assert differences(auto, explicit, allowed("MLP9", "MLP9")) == []
+    bf16 = job_config(composed("experiment=mlp9", "trainer.precision=bf16-mixed"))
+    assert differences(auto, bf16, allowed("MLP9", "MLP9")) == [("trainer.precision", "32-true", "bf16-mixed")]
+

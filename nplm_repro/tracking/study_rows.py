@@ -45,7 +45,7 @@ from nplm_repro.paper import (
 )
 from nplm_repro.studies import CLAIM_KINDS, row_name
 from nplm_repro.tracking.confounds import allowed, confounded, differences
-from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, trains, without_unused
+from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, family, trains, without_unused
 from nplm_repro.tracking.runs import MIX
 
 log = logging.getLogger(__name__)
@@ -154,12 +154,20 @@ def declared_rows(jobs: list[DictConfig] | None) -> set[str] | None:
 
 def job_config(job: DictConfig) -> dict[str, str]:
     """A composed job's configuration as its run's params will hold it (tracking/runs.py `_config`): the dotted keys
-    of its data, model, optimiser, trainer and early stopping, less bookkeeping and the knobs it will not use."""
+    of its data, model, optimiser, trainer and early stopping, less bookkeeping and the knobs it will not use, and
+    `trainer.precision` the one it will compute in where that is known before its run (`auto` on a family that
+    trains in float32 is 32-true, as its run records it)."""
     tree = {g: OmegaConf.to_container(job[g], resolve=True) for g in ("data", "model", "optim", "trainer")}
     tree["callbacks"] = {"early_stopping": OmegaConf.to_container(job.callbacks.early_stopping, resolve=True)}
     tree["model"].pop("_target_", None)
     flat = pd.json_normalize(without_unused(tree), sep=".").iloc[0].items()  # as records.py `flat_params` flattens
     flat = {key: str(value) for key, value in flat if not key.startswith(BOOKKEEPING)}
+    from nplm_repro.models.outputs import training_of  # loads torch: only a sweep's check reads this, no report
+    from nplm_repro.models.precision import choices
+
+    known = choices(str(job.trainer.precision), training_of(job.optim) if trains(job) else None, family(job.model))
+    if len(known) == 1:
+        flat["trainer.precision"] = known[0]
     return IMPLIED | flat
 
 
