@@ -28,11 +28,10 @@ from nplm_repro.storage.store import ensure_experiment
 
 @dataclass(frozen=True)
 class Imported:
-    """What an import did: runs added, runs the store already had (by archived id), and the new ids of all."""
+    """What an import did: runs added, and runs the store already had (by archived id)."""
 
     added: list[str]
     present: list[str]
-    ids: dict[str, str]  # archived id -> the store's
 
 
 def held_runs(uri: str, experiment: str) -> set[str]:
@@ -79,7 +78,7 @@ def import_archive(archive: Archive, path: Path, uri: str) -> Imported:
             continue
         ids[record["run_id"]] = _create(client, experiment_id, archive, path, record, ids)
         added.append(record["run_id"])
-    return Imported(added, present, ids)
+    return Imported(added, present)
 
 
 def _create(
