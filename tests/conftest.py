@@ -1,6 +1,15 @@
 """Shared fixtures: the real corpora from $NPLM_SHARED/data (../shared/data unless set; never downloaded), each
-test that needs one skipped with the reason when it is absent, and the tiny synthetic Brown always there."""
+test that needs one skipped with the reason when it is absent, and the tiny synthetic Brown always there.
 
+The suite runs on pytest-xdist's workers, one per core (pyproject.toml: `-n auto --dist loadgroup`); `-n 0` runs
+it in one process (a debugger, one test). Each worker, and every command a test starts, trains on one thread:
+two workers of two threads each on two cores ran several times slower than one each. A test that asks for a
+fixture shared wider than itself (module or session scope, other than the corpora's paths) runs on the worker of
+every other test that asks for it, so that the fixture is made once (`pytest_collection_modifyitems`).
+"""
+
+import inspect
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +22,38 @@ from nplm_repro import score as nplm_score
 from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.corpus import Corpus
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"  # for the commands the tests start: torch's default is one per core
+    torch.set_num_threads(1)
+
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # Started in the background (`nohup pytest &`), pytest ignores Ctrl-C and so would the commands it starts,
     # which the recovery tests interrupt with it; a handler of our own is reset to the default in each child.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+TESTS = Path(__file__).resolve().parent
+CHEAP = {"brown_path", "treebank", "tiny_brown_path"}  # shared fixtures that cost nothing to make again
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test that asks for a fixture of module or session scope (not CHEAP) joins that fixture's xdist group:
+    its module's for a module fixture, the fixture's own for a session one; --dist loadgroup runs a group on one
+    worker, so the fixture is made once."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name in info.names_closure if info else ():
+            definitions = info.name2fixturedefs.get(name)
+            ours = definitions and Path(inspect.getfile(definitions[-1].func)).is_relative_to(TESTS)
+            if not ours or name in CHEAP or definitions[-1].scope not in ("module", "package", "session"):
+                continue  # pytest's own (tmp_path_factory), a cheap one, or one made for each test
+            scope = definitions[-1].scope
+            group = item.module.__name__ if scope == "module" else name
+            item.add_marker(pytest.mark.xdist_group(group))
+            break
 
 
 def shared_corpus(path: Path, what: str) -> Path:
