@@ -26,6 +26,7 @@ import psutil
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
+from warm import WARMED, scripts
 
 from nplm_repro.reporting.intervals import Evidence, TextSums
 
@@ -81,12 +82,21 @@ def console_script(name: str) -> str:
 def run_script(
     name: str, *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Run an installed console script as a user runs it; its output is captured as text and its exit code left
-    to the caller. Without `env` it gets this process's environment less MLFLOW_TRACKING_URI (which
-    mlflow.set_tracking_uri in a test exports): pass tracking.uri / --tracking-uri to choose the store."""
+    """Run an installed console script as a user runs it, in a process of its own; its output is captured as text
+    and its exit code left to the caller. Without `env` it gets this process's environment less MLFLOW_TRACKING_URI
+    (which mlflow.set_tracking_uri in a test exports): pass tracking.uri / --tracking-uri to choose the store. The
+    project's own commands are forked from a warm interpreter that has imported them (warm.py)."""
+    return run_command([console_script(name), *args], cwd=cwd, timeout=timeout, env=env)
+
+
+def run_command(
+    command: list[str], cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`run_script` for a command given whole (`[console_script(name), *args]`)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    command = [console_script(name), *args]
+    if Path(command[0]).name in scripts() and not WARMED.fresh(env):  # its own process, its imports done (warm.py)
+        return WARMED.run(command, cwd, env, timeout)
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 

@@ -1,7 +1,6 @@
 """The run ledger's look-ups in a real MLflow store: which run a job resumes, finds finished, or marks KILLED, also
 at the end of a stopped sweep."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.ledger import ORPHANED, end_orphans, find_finished, find_resumable, search
 from nplm_repro.storage.locks import config_lock
+from nplm_repro.sweeping import sweep as sweep_module
 from nplm_repro.sweeping.sweep import MlflowSweep
 
 
@@ -104,9 +104,17 @@ def test_a_stopped_sweep_waits_for_its_jobs_locks_once_in_all(tmp_path: Path, mo
     runs = {k: client.create_run(experiment, tags={"config_key": k, **tags}).info.run_id for k in ("a", "b", "c")}
     sweep = MlflowSweep()
     sweep.uri, sweep.experiment, sweep.parent_run_id = uri, "brown", parent
+    waits = {}
+
+    def timed_lock(key: str, timeout: float) -> object:  # the real lock; the wait each acquisition is given
+        waits[key] = timeout
+        return config_lock(key, timeout=timeout)
+
+    monkeypatch.setattr(sweep_module, "config_lock", timed_lock)
     with config_lock("a"), config_lock("b"):  # their jobs, still ending their runs
-        started = time.monotonic()
-        sweep.end_killed_jobs(wait=6.0)
-        assert time.monotonic() - started < 11  # 6 s for each of the two would be 12
+        sweep.end_killed_jobs(wait=2.0)
+    # the first held lock is waited for until the deadline, so the second has none left: 2 s each would be 4
+    assert sorted(waits) == ["a", "b", "c"] and sorted([waits["a"], waits["b"]])[0] == 0.0
+    assert 0 < max(waits.values()) <= 2.0
     ended = {key: client.get_run(run).info.status for key, run in runs.items()}
     assert ended == {"a": "RUNNING", "b": "RUNNING", "c": "KILLED"}

@@ -19,7 +19,7 @@ import lightning as L
 import mlflow
 import pytest
 import torch
-from helpers import SWEEPS, composed, console_script, data_slice
+from helpers import SWEEPS, composed, console_script, data_slice, run_command
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
@@ -66,7 +66,7 @@ def running(uri: str) -> int:
 def uninterrupted(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
     workdir = tmp_path_factory.mktemp("uninterrupted")
     uri = f"sqlite:///{workdir}/mlflow.db"
-    result = subprocess.run(command(brown_path, uri), cwd=workdir, capture_output=True, text=True, timeout=600)
+    result = run_command(command(brown_path, uri), cwd=workdir, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(uri)
     return run.data.metrics
@@ -142,9 +142,7 @@ def test_stopped_run_resumes_in_the_same_run_and_ends_as_an_uninterrupted_one(
 
     status = tmp_path / "status.json"  # what a sweep's job tells the sweep's progress display
     env = os.environ | {STATUS_ENV: str(status)}
-    resumed = subprocess.run(
-        command(brown_path, uri), cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
-    )
+    resumed = run_command(command(brown_path, uri), cwd=tmp_path, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming run {run.info.run_id} from {last}" in resumed.stdout + resumed.stderr
     # epoch 1 was trained before: the display's time left counts epochs 2 and 3 only as this launch's pace
@@ -169,15 +167,11 @@ def test_a_killed_sampled_run_resumes_and_ends_as_an_uninterrupted_one(brown_pat
     whole.mkdir()
     stopped_dir.mkdir()
     reference_uri, uri = f"sqlite:///{whole}/mlflow.db", f"sqlite:///{stopped_dir}/mlflow.db"
-    reference = subprocess.run(
-        command(brown_path, reference_uri, *sampled), cwd=whole, capture_output=True, text=True, timeout=600
-    )
+    reference = run_command(command(brown_path, reference_uri, *sampled), cwd=whole, timeout=600)
     assert reference.returncode == 0, stderr_tail(reference)
     stopped = stop_mid_second_epoch(command(brown_path, uri, *sampled), stopped_dir, uri, signal.SIGKILL)
     assert stopped.returncode == -9, stderr_tail(stopped)
-    resumed = subprocess.run(
-        command(brown_path, uri, *sampled), cwd=stopped_dir, capture_output=True, text=True, timeout=600
-    )
+    resumed = run_command(command(brown_path, uri, *sampled), cwd=stopped_dir, timeout=600)
     assert resumed.returncode == 0, stderr_tail(resumed)
     assert "resuming run" in resumed.stdout + resumed.stderr
     ((run,), (expected,)) = runs(uri), runs(reference_uri)
@@ -191,9 +185,7 @@ def test_rerun_true_starts_afresh_instead_of_resuming(brown_path: Path, tmp_path
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     stopped = stop_mid_second_epoch(command(brown_path, uri), tmp_path, uri, signal.SIGINT)
     assert stopped.returncode == 130, stderr_tail(stopped)
-    fresh = subprocess.run(
-        command(brown_path, uri, "rerun=true", "trainer.max_epochs=1"), cwd=tmp_path, capture_output=True, text=True
-    )
+    fresh = run_command(command(brown_path, uri, "rerun=true", "trainer.max_epochs=1"), cwd=tmp_path)
     assert fresh.returncode == 0, stderr_tail(fresh)
     assert "resuming" not in fresh.stderr
     assert sorted(r.info.status for r in runs(uri)) == ["FINISHED", "KILLED"]
@@ -224,7 +216,7 @@ def test_run_killed_without_checkpoint_is_marked_killed_by_the_next_run(
     (orphan,) = runs(uri)
     assert orphan.info.status == "RUNNING" and not list(tmp_path.glob("outputs/*/*/checkpoints/*.ckpt"))
 
-    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    again = run_command(args, cwd=tmp_path, timeout=600, env=env)
     assert again.returncode == 0, stderr_tail(again)
     assert f"run {orphan.info.run_id} of this config was left RUNNING by a process now gone" in again.stdout
     by_id = {r.info.run_id: r for r in runs(uri)}
@@ -243,7 +235,7 @@ def test_diverging_job_fails_with_its_error_and_the_sweep_completes(brown_path: 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
     sweep += [f"data.path={brown_path}", *SLICE, "experiment=mlp3,kn3", "optim.lr=10", f"tracking.uri={uri}"]
-    result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = run_command(sweep, cwd=tmp_path, timeout=600)
     assert result.returncode == 2
     message = "the model diverged (try a smaller optim.lr)"
     assert result.stderr.strip().splitlines()[-1].endswith(message)
@@ -270,7 +262,7 @@ def test_an_lstm_whose_perplexity_is_infinite_fails_as_diverged(tiny_brown_path:
     args.append("data.eval_batch_size=256")
     args += [f"data.path={tiny_brown_path}", *data_slice(7_000, 1_500, 1_500), "trainer.max_epochs=1"]
     args += [f"tracking.uri={uri}", "trainer.enable_progress_bar=false"]
-    result = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = run_command(args, cwd=tmp_path, timeout=600)
     assert result.returncode == 2, stderr_tail(result)
     assert result.stderr.strip().splitlines()[-1].endswith("the model diverged (try a smaller optim.lr)")
     (run,) = runs(uri)
@@ -288,7 +280,7 @@ def test_an_mlp_far_worse_than_uniform_fails_as_diverged_though_its_numbers_are_
     uri = f"sqlite:///{tmp_path}/m.db"
     args = [NPLM_TRAIN, "experiment=mlp9", "optim.lr=0.05", f"data.path={tiny_brown_path}"]
     args += [*data_slice(7_000, 1_500, 1_500), "trainer.max_epochs=2", f"tracking.uri={uri}"]
-    result = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = run_command(args, cwd=tmp_path, timeout=600)
     assert result.returncode == 2, stderr_tail(result)
     last = result.stderr.strip().splitlines()[-1]
     assert re.search(r"validation perplexity is \S+ after epoch 1, over 10 times \|V\| = \d+ ", last), last
@@ -301,9 +293,7 @@ def test_an_mlp_far_worse_than_uniform_fails_as_diverged_though_its_numbers_are_
 def test_unexpected_error_is_one_line_and_a_failed_run_with_its_traceback(brown_path: Path, tmp_path: Path) -> None:
     """A typo in an extra Trainer argument is a TypeError inside the run, not a bad value check_config knows."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = subprocess.run(
-        command(brown_path, uri, "+trainer.max_epoch=1"), cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    result = run_command(command(brown_path, uri, "+trainer.max_epoch=1"), cwd=tmp_path, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "Error executing job" not in result.stderr  # Hydra's own report, before ours
     last = result.stderr.strip().splitlines()[-1]
@@ -349,7 +339,7 @@ def test_a_signal_to_a_sweep_kills_its_parent_run_and_the_same_command_finishes_
     with pytest.raises(NplmError, match=r"no finished runs .*\(2 KILLED\)"):  # never numbers for them
         build(uri, "brown", "brown_table1")
 
-    again = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    again = run_command(sweep, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, stderr_tail(again)
     after = runs(uri)
     assert [r.info.status for r in after if r.data.tags.get("sweep")] == ["FINISHED"]  # the same parent run
@@ -405,13 +395,8 @@ def test_unusable_tracking_store_is_one_line_before_any_work(
         text=True,
         timeout=120,
     )
-    report = subprocess.run(
-        [NPLM_REPORT, "--tracking-uri", uri, "--out", str(tmp_path / "reports")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    report_args = [NPLM_REPORT, "--tracking-uri", uri, "--out", str(tmp_path / "reports")]
+    report = run_command(report_args, cwd=tmp_path, timeout=120)
     for result, prog in ((train, "nplm-train"), (report, "nplm-report")):
         assert result.returncode == 2
         assert result.stderr.strip().splitlines()[-1].startswith(f"{prog}: error: {message}")
@@ -423,14 +408,8 @@ def test_a_cache_that_is_a_file_is_one_line_and_no_run(brown_path: Path, tmp_pat
     """NPLM_CACHE naming a file was a NotADirectoryError, an "unexpected error" with exit 1."""
     (tmp_path / "cache").write_text("not a directory")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = subprocess.run(
-        command(brown_path, uri),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"NPLM_CACHE": str(tmp_path / "cache")},
-    )
+    cache = os.environ | {"NPLM_CACHE": str(tmp_path / "cache")}
+    result = run_command(command(brown_path, uri), cwd=tmp_path, timeout=300, env=cache)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"nplm-train: error: cache directory {tmp_path / 'cache'} is not a directory: point NPLM_CACHE at a directory"
@@ -443,7 +422,7 @@ def cache_refused(cache: Path, tiny_brown_path: Path, workdir: Path) -> str:
     uri = f"sqlite:///{workdir}/mlflow.db"
     train = [NPLM_TRAIN, f"data.path={tiny_brown_path}", "experiment=kn3", f"tracking.uri={uri}"]
     env = os.environ | {"NPLM_CACHE": str(cache)}
-    result = subprocess.run(train, cwd=workdir, capture_output=True, text=True, timeout=300, env=env)
+    result = run_command(train, cwd=workdir, timeout=300, env=env)
     assert result.returncode == 2 and not (workdir / "mlflow.db").exists()
     (line,) = result.stderr.strip().splitlines()
     return line
@@ -477,17 +456,11 @@ def test_a_mixed_row_whose_mlp_lost_its_scores_is_one_line_and_recovers(brown_pa
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
     def train(*overrides: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            command(brown_path, uri, "trainer.max_epochs=1", *overrides),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return run_command(command(brown_path, uri, "trainer.max_epochs=1", *overrides), cwd=tmp_path, timeout=300)
 
     def row(experiment: str) -> subprocess.CompletedProcess:
         args = [NPLM_TRAIN, f"data.path={brown_path}", *SLICE, "seed=5", f"tracking.uri={uri}", experiment]
-        return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        return run_command(args, cwd=tmp_path, timeout=300)
 
     def mix() -> subprocess.CompletedProcess:
         return row("experiment=mlp4")
@@ -585,7 +558,7 @@ def test_a_disk_that_fills_up_during_a_run_is_one_line_and_the_next_run_recovers
     )
     assert [r.info.status for r in runs(uri)] == ["RUNNING"]
     filler.unlink()
-    again = subprocess.run(train, cwd=small_disk.parent, capture_output=True, text=True, timeout=300, env=env)
+    again = run_command(train, cwd=small_disk.parent, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "left RUNNING by a process now gone: marked KILLED" in again.stdout
     assert sorted(r.info.status for r in runs(uri)) == ["FINISHED", "KILLED"]
@@ -606,7 +579,7 @@ def test_paths_with_spaces_and_non_ascii_and_stale_lock_files_just_work(brown_pa
     uri = f"sqlite:///{folder}/mlflow.db"
     train = [NPLM_TRAIN, f"data.path='{corpus}'", *SLICE, "experiment=kn3", f"tracking.uri='{uri}'"]
     env = os.environ | {"NPLM_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run(train, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    result = run_command(train, cwd=tmp_path, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs(uri)
     assert run.info.status == "FINISHED" and run.data.tags["data_source"] == "brown.zip"
@@ -659,7 +632,7 @@ def test_mlflow_tracking_uri_pointing_nowhere_is_one_line_before_any_work(
 ) -> None:
     env = os.environ | {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}
     train = [NPLM_TRAIN, "experiment=kn3", f"data.path={tiny_brown_path}"]
-    result = subprocess.run(train, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    result = run_command(train, cwd=tmp_path, timeout=120, env=env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "nplm-train: error: tracking store 'http://127.0.0.1:9' is unreachable: ConnectionError on /health"
@@ -671,7 +644,7 @@ def test_a_mixed_row_before_its_rows_is_one_line_and_records_no_run(brown_path: 
     """MLP4 mixes the runs of MLP3's and Del. Int.'s rows: with neither run yet, one line naming the first, exit 2."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mixed = [NPLM_TRAIN, f"data.path={brown_path}", *SLICE, f"tracking.uri={uri}", "experiment=mlp4", "seed=5"]
-    result = subprocess.run(mixed, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = run_command(mixed, cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "nplm-train: error: model.components: no finished run of row 'MLP3' with seed 5 in study (none) on this data: "

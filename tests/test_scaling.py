@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import SLICE, SWEEPS, composed_study, console_script, data_slice, free_port
+from helpers import SLICE, SWEEPS, composed_study, console_script, data_slice, free_port, run_command
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
@@ -90,7 +90,7 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
             "experiment=mlp3,del_int,mlp4",
         ]
         sweep += [f"data.path={brown_path}", *SLICE, *TINY_MLP, f"tracking.uri={uri}"]
-        result = subprocess.run(sweep, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        result = run_command(sweep, cwd=tmp_path, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
         client = MlflowClient(uri)
         runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
@@ -101,7 +101,7 @@ def test_sweep_and_report_through_a_real_mlflow_server(backend: str, brown_path:
         assert model_of(client, mlp3.info.run_id) is not None
         assert list((tmp_path / "artifacts").rglob("best.ckpt"))  # stored by the server, not by the job
         report = [console_script("nplm-report"), "--study", "brown_table1", "--tracking-uri", uri, "--out", "again"]
-        again = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        again = run_command(report, cwd=tmp_path, timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]
     for name in ("brown_table1.md", "brown_table1.csv"):
         assert (tmp_path / "again" / name).read_text() == (tmp_path / "reports" / name).read_text()
@@ -138,9 +138,7 @@ def test_ddp_on_two_cpu_processes_trains_as_one_process_with_their_batches_toget
     common += ["trainer.accelerator=cpu", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"]
     ddp = ["trainer.strategy=ddp_spawn", "trainer.devices=2", "optim.batch_size=256", "threads=1"]
     for variant in (ddp, ["optim.batch_size=512"]):
-        result = subprocess.run(
-            [console_script("nplm-train"), *common, *variant], cwd=tmp_path, capture_output=True, text=True, timeout=900
-        )
+        result = run_command([console_script("nplm-train"), *common, *variant], cwd=tmp_path, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id], order_by=["start_time ASC"])
