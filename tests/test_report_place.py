@@ -12,7 +12,8 @@ import pytest
 from helpers import ROOT, data_slice, run_script
 
 from nplm_repro.storage.archive import Archive, path_of
-from nplm_repro.tracking.archived import archive_dir
+from nplm_repro.tracking.archived import archive_dir, archived_runs
+from nplm_repro.tracking.runs import StudyRuns
 
 TINY_JOB = ["experiment=kn3", "study=brown_modern", "seed=1", *data_slice(7_000, 1_000, 1_000), "hydra/launcher=basic"]
 
@@ -69,3 +70,18 @@ def test_a_report_with_an_archive_is_replaced_only_by_a_store_holding_every_arch
     archive.write(path_of(tmp_path, "s"))
     assert archive_dir(tmp_path, "s", "f1", {"a"}) == tmp_path / "s-f1"
     assert archive_dir(tmp_path, "s", "f1", {"a", "failed", "new"}) == tmp_path
+
+
+def test_an_archive_holds_the_runs_its_mixed_rows_mix_from_another_study() -> None:
+    """brown_mixtures mixes brown_table1's MLPs and Del. Int.: without those runs its report, rebuilt from its
+    archive, showed no mixture as its MLP mixed, and every claim as not measured."""
+    every = pd.DataFrame(
+        {
+            "run_id": ["mix", "mlp", "trigram", "unrelated"],
+            "study": ["brown_mixtures", "brown_table1", "brown_table1", "brown_table1"],
+            "fingerprint": ["f1"] * 4,
+            "mixes": ["mlp,trigram", "", "", ""],
+        }
+    )
+    found = StudyRuns(every, every[every["run_id"] == "mix"], every.iloc[:0], "f1", 0)
+    assert sorted(archived_runs(found, {})) == ["mix", "mlp", "trigram"]

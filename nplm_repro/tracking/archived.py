@@ -37,8 +37,9 @@ def archived_runs(found: StudyRuns, spec: dict[str, Any]) -> pd.Series:
     """The ids of the runs the report of `found` (a study's runs) reads: the study's own on its data (any state) and
     on other data (the report counts them), and what its declaration reads beyond them: a recipe's `against` rows,
     the learned and per-context mixtures beside the fixed ones (`other_mixtures`), the counted rows of the corpus on
-    other data (`data_effect`), and for a paper table's study the runs of other studies named after its rows
-    (`excluded`)."""
+    other data (`data_effect`), for a paper table's study the runs of other studies named after its rows
+    (`excluded`), and the runs its mixed rows mix (`mixes`: brown_mixtures mixes brown_table1's MLPs and Del. Int., and
+    its report shows each mixture as its MLP mixed)."""
     every, fingerprint, notes = found.every, found.fingerprint, spec.get("notes") or []
     same_data = every[every["fingerprint"] == fingerprint]
     parts = [found.runs, found.other]
@@ -52,7 +53,9 @@ def archived_runs(found: StudyRuns, spec: dict[str, Any]) -> pd.Series:
     if spec.get("paper"):
         named = set(paper_table(spec["paper"])["row"])
         parts.append(same_data[same_data["row_tag"].isin(named)])
-    return pd.concat(parts).drop_duplicates("run_id")["run_id"]
+    chosen = pd.concat(parts).drop_duplicates("run_id")
+    mixes = {run_id for ids in chosen["mixes"] for run_id in ids.split(",") if run_id}
+    return pd.concat([chosen, every[every["run_id"].isin(mixes)]]).drop_duplicates("run_id")["run_id"]
 
 
 def study_archive(

@@ -158,6 +158,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "row_tag": ROW_NAMES.get(_text(get("tags.row")), _text(get("tags.row"))),
                 "study_tag": _text(get("tags.study")),
                 "base_run_id": _text(get("tags.base_run_id")),
+                "mixes": _text(get("tags.base_run_id")) if kind == "mixed" else "",  # its runs (as_mixed_mlps keeps)
                 "adopted_from": _text(get("tags.adopted_from")),
                 "family": family,
                 "kind": kind,
