@@ -26,7 +26,7 @@ import psutil
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
-from warm import WARMED, scripts
+from warm import WARMED
 
 from nplm_repro.reporting.intervals import Evidence, TextSums
 
@@ -95,7 +95,7 @@ def run_command(
     """`run_script` for a command given whole (`[console_script(name), *args]`)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    if Path(command[0]).name in scripts() and not WARMED.fresh(env):  # its own process, its imports done (warm.py)
+    if WARMED.runs(command) and not WARMED.fresh(env):  # its own process, its imports done (warm.py)
         return WARMED.run(command, cwd, env, timeout)
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
 

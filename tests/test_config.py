@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import composed, console_script
+from helpers import composed, console_script, run_command
 from omegaconf import OmegaConf
 
 from nplm_repro.checks import check_resolves
@@ -109,12 +109,8 @@ BAD_CONFIGS = [
 )
 def test_cli_bad_config_is_one_line_and_nonzero_exit(override: str, message: str, tmp_path: Path) -> None:
     extra = ["model.direct=false"] if override == "model.h=0" else []
-    result = subprocess.run(
-        [sys.executable, "-m", "nplm_repro.train", override, *extra, f"tracking.uri=sqlite:///{tmp_path}/m.db"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    command = [sys.executable, "-m", "nplm_repro.train", override, *extra, f"tracking.uri=sqlite:///{tmp_path}/m.db"]
+    result = run_command(command, cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("train.py: error:")

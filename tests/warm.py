@@ -1,7 +1,8 @@
-"""The project's console scripts run as their own processes without paying their imports each time: a warm
-interpreter (one per test process) imports the commands' modules once (torch, Lightning, MLflow, Hydra: about 8 s
-of CPU), then forks a fresh process for each command, which runs the console script's entry point with its own
-arguments, working directory, environment, stdin, stdout and stderr, and exits with its own exit code.
+"""The project's commands (its console scripts, `python -m nplm_repro...`) run as their own processes without paying
+their imports each time: a warm interpreter (one per test process) imports the commands' modules once (torch,
+Lightning, MLflow, Hydra: about 8 s of CPU), then forks a fresh process for each command, which runs its entry
+point with its own arguments, working directory, environment, stdin, stdout and stderr, and exits with its own
+exit code.
 
 What a forked command shares with a command started afresh: its own process, pid and signal handlers, its own
 children, its atexit handlers and exit code, the same entry point, the same files. What differs: its modules were
@@ -56,6 +57,11 @@ while True:
         sys.argv = request["argv"]
         random.seed()
         module, _, function = request["entry"].partition(":")
+        if not function:  # python -m module: run as __main__, sys.argv[0] its file, as Python's -m sets it
+            import runpy, warnings
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)  # imported already: runpy would say so
+            sys.exit(0)
         sys.exit(getattr(importlib.import_module(module), function)())
     for fd in fds:
         os.close(fd)
@@ -110,13 +116,20 @@ class Warm:
         names = {k for k in (*env, *started) if k.startswith(AT_START) and k != SET_BY_COMMANDS}
         return any(env.get(k) != started.get(k) for k in names)
 
+    def runs(self, command: list[str]) -> bool:
+        """Whether `command` is one of the project's: a console script of it, or `python -m nplm_repro...`."""
+        if command[:2] == [sys.executable, "-m"]:
+            return len(command) > 2 and command[2].startswith("nplm_repro.")
+        return Path(command[0]).name in scripts()
+
     def run(self, command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        """`command` (a console script of this project and its arguments) in a process forked from the warm
-        interpreter; as subprocess.run(capture_output=True, text=True) gives it."""
-        entry = scripts()[Path(command[0]).name]
+        """`command` (one the warm interpreter `runs`) in a process forked from it; as subprocess.run(
+        capture_output=True, text=True) gives it."""
+        entry = scripts()[Path(command[0]).name] if command[1:2] != ["-m"] else command[2]
         conn = self.start()
+        argv = command if command[1:2] != ["-m"] else command[2:]  # -m: runpy puts the module's file first
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as null:
-            request = {"argv": command, "cwd": str(cwd), "env": env, "entry": entry}
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "entry": entry}
             socket.send_fds(conn, [json.dumps(request).encode()], [null.fileno(), out.fileno(), err.fileno()])
             pid = json.loads(conn.recv(1 << 16))["pid"]
             conn.settimeout(timeout)
