@@ -75,6 +75,8 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, yaml.YAMLError):
         return yaml_line(error)
     parts = [(str(error).strip().splitlines() or [type(error).__name__])[0].rstrip(".")]
-    if error.__cause__ is not None and str(error.__cause__).strip():
-        parts.append(str(error.__cause__).strip().splitlines()[0])
+    lines = str(error.__cause__).strip().splitlines() if error.__cause__ is not None else []
+    cause = lines[0] if lines else ""
+    if cause and cause.rstrip(".") not in parts[0]:  # OmegaConf chains its own message as the cause under a tracer
+        parts.append(cause)
     return ": ".join(parts)

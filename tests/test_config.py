@@ -9,7 +9,7 @@ from helpers import composed, console_script, run_command
 from omegaconf import OmegaConf
 
 from nplm_repro.checks import check_resolves
-from nplm_repro.errors import NplmError
+from nplm_repro.errors import NplmError, one_line
 from nplm_repro.tracking.config_checks import check_config
 
 
@@ -148,3 +148,13 @@ def test_an_mlp_with_a_mixture_says_where_mixtures_are_now() -> None:
     """`model.mix` left the MLP's config: a mixed row is a mixture of rows; an old override is told so."""
     with pytest.raises(NplmError, match=r"^model.mix: an MLP mixed with the interpolated trigram is a row of its own"):
         check_config(composed("experiment=mlp3", "+model.mix=fixed"))
+
+
+def test_an_error_whose_cause_repeats_it_is_said_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OmegaConf chains its own message as its error's cause when a tracer runs (a debugger, coverage.py) or
+    OC_CAUSE=1: the one line said it twice."""
+    monkeypatch.setenv("OC_CAUSE", "1")
+    with pytest.raises(Exception) as raised:
+        OmegaConf.create({"note": "${oops}"}).note
+    assert raised.value.__cause__ is not None
+    assert one_line(raised.value) == "Interpolation key 'oops' not found"

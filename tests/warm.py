@@ -125,9 +125,10 @@ class Warm:
     def run(self, command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
         """`command` (one the warm interpreter `runs`) in a process forked from it; as subprocess.run(
         capture_output=True, text=True) gives it."""
-        entry = scripts()[Path(command[0]).name] if command[1:2] != ["-m"] else command[2]
+        python_m = command[:2] == [sys.executable, "-m"]  # not a console script's own -m (Hydra's multirun)
+        entry = command[2] if python_m else scripts()[Path(command[0]).name]
         conn = self.start()
-        argv = command if command[1:2] != ["-m"] else command[2:]  # -m: runpy puts the module's file first
+        argv = command[2:] if python_m else command  # python -m: runpy puts the module's file first
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as null:
             request = {"argv": argv, "cwd": str(cwd), "env": env, "entry": entry}
             socket.send_fds(conn, [json.dumps(request).encode()], [null.fileno(), out.fileno(), err.fileno()])
