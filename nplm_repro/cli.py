@@ -76,6 +76,14 @@ def quiet() -> None:
             logger.addFilter(_Drop(start))
 
 
+def freeze_imports() -> None:
+    """Move every object this process holds now, its imports' above all, out of the garbage collector's reach, once
+    per process: they live as long as it does, so its collections and its end need not scan them (2 s saved on each
+    command's end, and on each of a sweep's workers'). Called first by a command, and by a job in joblib's workers."""
+    if not gc.get_freeze_count():
+        gc.freeze()
+
+
 def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callable[[], None]:
     """Wrap a command's main function (@hydra.main's, or argparse's with `traceback_env=TRACEBACK`): a bad key or
     value (NplmError, from a job too) prints `prog: error: ...` and exits 2; any other exception prints
@@ -88,7 +96,7 @@ def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callab
 
     @functools.wraps(main)
     def run() -> None:
-        gc.freeze()  # the imports' objects live as long as the command: its end does not scan them (2 s saved)
+        freeze_imports()
         wants_traceback = traceback_switch(traceback_env)
         os.environ[HYDRA_TRACEBACK] = "1"
         quiet()

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from hydra_plugins.nplm_repro_search import register
 from nplm_repro.checks import check_job
-from nplm_repro.cli import cli, quiet
+from nplm_repro.cli import cli, freeze_imports, quiet
 from nplm_repro.errors import sigterm_interrupts
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
@@ -33,6 +33,7 @@ register()  # the sweepers: the search's (hparams_search=...) and the default, w
 def _main(cfg: DictConfig) -> float:
     """One job; its validation perplexity is what a search (hparams_search=..., Optuna's sweeper) minimises."""
     keep_freed_memory()
+    freeze_imports()  # in joblib's workers, whose end then does not scan torch's, Lightning's and MLflow's objects
     quiet()  # in joblib's workers too, which run only this function
     sigterm_interrupts()  # in joblib's and submitit's workers too, which run only this function
     with errors_exit(sweep=HydraConfig.get().mode == RunMode.MULTIRUN):
