@@ -11,13 +11,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
-from helpers import ROOT, console_script, data_slice, run_script
+from helpers import ROOT, console_script, data_slice, run_command, run_script
 from PIL import Image
 
 from nplm_repro.storage.archive import SUFFIX, Archive, dumps
@@ -260,3 +261,22 @@ def test_reports_readme_gives_every_archive_its_size() -> None:
     for shipped in SHIPPED:
         (row,) = [line for line in readme.splitlines() if f"]({shipped.relative_to(REPORTS)})" in line]
         assert f"| {shipped.stat().st_size / 1000:.1f} kB |" in row, row
+
+
+def test_no_committed_report_gives_a_verdict_on_a_confounded_pair(tmp_path: Path) -> None:
+    """scripts/check_verdicts.py on reports/ (as CI runs it through this test), then on a copy of the quickstart's
+    whose MLP9 ran other code than the n-grams it is compared with: that line is named and the exit is 1."""
+    script = [sys.executable, str(ROOT / "scripts" / "check_verdicts.py")]
+    result = run_command(script, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = sum((p.parent / f"{p.name.removesuffix(SUFFIX)}.md").is_file() for p in SHIPPED)
+    assert f"{reports} reports rebuilt from their runs and re-checked: 0 lines wrong" in result.stdout
+    shutil.copy(REPORTS / "quickstart.md", tmp_path)
+    lines = (REPORTS / f"quickstart{SUFFIX}").read_text().splitlines()
+    records = [json.loads(line) for line in lines[1:]]
+    for record in records:
+        if record["tags"].get("row") == "MLP9":
+            record["tags"]["code_fingerprint"] = "0" * 16
+    (tmp_path / f"quickstart{SUFFIX}").write_text("\n".join([lines[0], *map(dumps, records)]) + "\n")
+    result = run_command([*script, str(tmp_path)], cwd=ROOT)
+    assert result.returncode == 1 and "quickstart.md: not as its runs rebuild it: Del. Int. over MLP9" in result.stdout

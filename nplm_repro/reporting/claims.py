@@ -3,9 +3,10 @@ which threshold or equivalence margin), applied by one engine: each pair of rows
 difference on test and one of three verdicts, and the claim the verdict of its pairs (docs/studies.md says how).
 
 A pair whose rows are not both measured is "not measured"; one whose runs kept no scores has no interval and is
-inconclusive, its point difference shown. A pair whose rows also differ in a key the claim does not name (the
-precision, the validation, the stopping rule: tracking/confounds.py) is "confounded", each such key with both values,
-and so is its claim: no holds or fails for a comparison that varies two things. A `more` pair compares the epoch of
+inconclusive, its point difference shown. A pair whose runs, seed by seed, also differ in a key the claim does not
+name (the precision that ran, the validation, the stopping rule, the code, the CPU, the seeds: tracking/confounds.py)
+is "confounded", each such key with both values, and so is its claim: no holds or fails for a comparison that varies
+two things. The keys of its `varies` that did differ are printed with both values. A `more` pair compares the epoch of
 the best validation instead, and a `faster` pair the training tokens per second, seed by seed (the same seed in both
 rows): the mean of the per-seed ratios less 1, with its t interval over seeds.
 """
@@ -24,7 +25,7 @@ from scipy import stats
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
 from nplm_repro.reporting.formats import pct
 from nplm_repro.reporting.intervals import Difference, Evidence
-from nplm_repro.tracking.confounds import CONFOUNDED, allowed, confounded, differences
+from nplm_repro.tracking.confounds import CONFOUNDED, arm, arm_differences, confounded, listed, precision_ran, trained_arm
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 PARTLY, NOT_MEASURED = "holds on the rows measured", "not measured"
@@ -60,28 +61,54 @@ class Claim:
     measured: tuple[Measured, ...] = ()
 
 
-class Numbers:
-    """Valid and test perplexities per row label: ours (finished rows only) and the paper's."""
+class Arms:
+    """What each row's runs recorded (`runs`, tidy: tracking/runs.py), for the check of tracking/confounds.py. A
+    table given without its runs (a recipe's steps) is checked on its rows' configurations, one record a row."""
 
-    def __init__(self, table: pd.DataFrame) -> None:
+    def __init__(self, table: pd.DataFrame, runs: pd.DataFrame | None = None) -> None:
+        configs = table["config"] if "config" in table else pd.Series("", index=table.index)
+        self.config = {r: json.loads(c) if isinstance(c, str) and c else {} for r, c in zip(table["label"], configs)}
+        known = runs is not None and "run_id" in runs
+        self.runs = runs.drop_duplicates("run_id").set_index("run_id", drop=False) if known else None
+        ids = table["run_ids"] if "run_ids" in table else pd.Series("", index=table.index)
+        self.run_ids = {r: i.split() if isinstance(i, str) else [] for r, i in zip(table["label"], ids)}
+
+    def arm(self, label: str) -> dict[str, dict[str, str]]:
+        """A row's runs by seed, each one's record; without its runs, its configuration as one record."""
+        if self.runs is not None and self.run_ids[label] and set(self.run_ids[label]) <= set(self.runs.index):
+            return arm(self.run_ids[label], self.runs)
+        return {"": precision_ran(self.config[label])}
+
+    def confounds(self, a: str, b: str, varies: list[str] | None) -> tuple[str | None, str]:
+        """The `confounded` verdict of rows `a` and `b` when their runs differ in a key the claim does not name
+        (tracking/confounds.py), else None; and `; it varies key (a / b)` for the keys of `varies` that differed."""
+        arms = self.arm(a), self.arm(b)
+        found, varied = arm_differences(*arms, varies, trained_arm(arms[0]) and trained_arm(arms[1]))
+        return (confounded(found) if found else None), (f"; it varies {listed(varied)}" if varied else "")
+
+
+class Numbers:
+    """Valid and test perplexities per row label: ours (finished rows only) and the paper's; and the rows' `Arms`."""
+
+    def __init__(self, table: pd.DataFrame, runs: pd.DataFrame | None = None) -> None:
         finished = table[table["status"] == "finished"]
         self.ours = {r.label: (r.valid_ppl, r.test_ppl) for r in finished.itertuples()}
         self.paper = {r.label: (r.paper_valid_ppl, r.paper_test_ppl) for r in table.itertuples()}
         self.family = dict(zip(table["label"], table["family"]))
         self.kind = dict(zip(table["label"], table["kind"])) if "kind" in table else {}
-        configs = table["config"] if "config" in table else pd.Series("", index=table.index)
-        self.config = {r: json.loads(c) if isinstance(c, str) and c else {} for r, c in zip(table["label"], configs)}
-
-    def confounds(self, a: str, b: str, varies: list[str] | None) -> str | None:
-        """The `confounded` verdict of rows `a` and `b` when they differ in a key the claim does not name
-        (tracking/confounds.py), else None."""
-        both_trained = self.kind.get(a, "trained") == self.kind.get(b, "trained") == "trained"
-        found = differences(self.config[a], self.config[b], allowed(a, b, varies), both_trained)
-        return confounded(found) if found else None
+        self.arms = Arms(table, runs)
 
     def best_on_valid(self, families: list[str], values: dict[str, tuple[float, float]]) -> str | None:
         candidates = [label for label, family in self.family.items() if family in families and label in values]
         return min(candidates, key=lambda label: values[label][0]) if candidates else None
+
+
+def _words(label: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A row label's name words (`Kneser-Ney back-off`, ...) and its `key=value` words."""
+    words = label.split()
+    return tuple(w for w in words if "=" not in w or "." not in w.split("=")[0]), frozenset(
+        w for w in words if "=" in w and "." in w.split("=")[0]
+    )
 
 
 def verdict_of(difference: Difference, kind: str, threshold: float) -> str:
@@ -115,8 +142,9 @@ class Checker:
         evidence: Evidence,
         epochs: dict[str, dict[str, float]] | None = None,
         speeds: dict[str, dict[str, float]] | None = None,
+        runs: pd.DataFrame | None = None,
     ) -> None:
-        self.numbers, self.evidence = Numbers(table), evidence
+        self.numbers, self.evidence = Numbers(table, runs), evidence
         self.per_seed = {"more": epochs or {}, "faster": speeds or {}}
         self.measured: list[Measured] = []  # the current claim's pairs with an interval
 
@@ -136,7 +164,10 @@ class Checker:
             return f"{a} to {b}: not measured (no seed run in both)", None
         mean_a, mean_b = (np.mean([values[row][s] for s in seeds]) for row in pair)
         head = f"{a} to {b}: {what} {mean_a:,.{unit}f} against {mean_b:,.{unit}f}, {pct(float(np.mean(ratios)))}"
-        if a in self.numbers.config and b in self.numbers.config and (why := self.numbers.confounds(a, b, varies)):
+        arms = self.numbers.arms
+        why, varied = arms.confounds(a, b, varies) if {a, b} <= set(arms.config) else (None, "")
+        head += varied
+        if why:
             return f"{head}: {why}", CONFOUNDED
         bounds = seed_interval(ratios)
         if bounds is None:
@@ -150,11 +181,16 @@ class Checker:
 
     def _resolve(self, row: str | dict[str, list[str]], values: dict[str, tuple[float, float]]) -> str | None:
         """The row a claim names, as the table labels it: a name the table lengthened by the keys that tell its
-        configurations apart (`MLP9` is `MLP9 optim.lr=0.005 ...` beside a searched MLP) is that one row."""
+        configurations apart, wherever they sort (`MLP9` is `MLP9 optim.lr=0.005 ...` beside a searched MLP;
+        `MLP9 optim.batch_size=1024` is `MLP9 callbacks.early_stopping.patience=5 optim.batch_size=1024`) is that one
+        row. The words added say nothing of what may differ: the check compares every key."""
         if isinstance(row, dict):
             return self.numbers.best_on_valid(row["best_of"], values)
-        longer = [label for label in values if label.startswith(f"{row} ")]
-        return longer[0] if row not in values and len(longer) == 1 else row
+        if row in values:
+            return row
+        name, keys = _words(row)
+        longer = [label for label in values if _words(label)[0] == name and keys <= _words(label)[1]]
+        return longer[0] if len(longer) == 1 else row
 
     def pair(
         self, pair: list[Any], kind: str, threshold: float, varies: list[str] | None = None
@@ -173,7 +209,9 @@ class Checker:
             return f"{names[0]} over {names[1]}: not measured ({', '.join(missing)}: no finished run){paper}", None
         b, m = ours[baseline][1], ours[model][1]
         head = f"{baseline} over {model}: test {b:.1f} against {m:.1f}, {pct(b / m - 1)}"
-        if why := self.numbers.confounds(baseline, model, varies):
+        why, varied = self.numbers.arms.confounds(baseline, model, varies)
+        head += varied
+        if why:
             return f"{head}: {why}{paper}", CONFOUNDED
         difference = self.evidence.compare(baseline, model)
         if difference is None:
@@ -224,10 +262,11 @@ def check_claims(
     evidence: Evidence,
     epochs: dict[str, dict[str, float]] | None = None,
     speeds: dict[str, dict[str, float]] | None = None,
+    runs: pd.DataFrame | None = None,
 ) -> list[Claim]:
     """The claims a study declares (its `reporting.claims`), checked on `table`'s rows (and `epochs` for `more`
-    claims, `speeds` for `faster`)."""
-    checker = Checker(table, evidence, epochs, speeds)
+    claims, `speeds` for `faster`), their arms on what their `runs` recorded (tidy, tracking/runs.py)."""
+    checker = Checker(table, evidence, epochs, speeds, runs)
     return [checker.claim(spec) for spec in declared]
 
 

@@ -13,18 +13,20 @@ import pandas as pd
 
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_key
-from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, combine, verdict_of
+from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, Arms, combine, verdict_of
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import run_name, run_text, short_commit
 from nplm_repro.reporting.search import search_note
 from nplm_repro.tracking.best import trained_rows
+from nplm_repro.tracking.confounds import CONFOUNDED
 from nplm_repro.tracking.runs import newest_finished
 
 # The note `sampled_vs_exact` as a study declares it (`reporting.sampled_vs_exact`), else by these defaults:
 # `how_trained`, the knobs of sampled training: a sampled run and an exact run differing only in these are a pair
-# (the same model, trained two ways). The precision is among them because sampled training computes in float32
-# while `auto` may pick bf16-mixed for the exact run (on a CPU with bfloat16 units).
+# (the same model, trained two ways). The precision and the validation fraction are among them so that a pair is
+# found whatever they are; its verdict then passes the check (tracking/confounds.py) with `optim.output` the one key
+# it varies, so a pair that also differs in them is confounded.
 HOW_TRAINED = (
     "optim.output",
     "optim.samples",
@@ -188,8 +190,9 @@ def sampled_vs_exact(ctx: Context) -> list[str]:
     paper's claim (§5.1, from Bengio & Senecal 2003) that sampling loses nothing, as an equivalence test per pair:
     sampled over exact test perplexity, less 1, its paired interval within +-margin (the study's `Pairing`)."""
     lines, verdicts, samples = [], [], set()
-    pairing = Pairing.declared(ctx.spec)
+    pairing, arms = Pairing.declared(ctx.spec), Arms(ctx.table, ctx.all_runs)
     for exact, sampled in both_ways(ctx.table, pairing.how_trained):
+        why, _ = arms.confounds(exact["label"], sampled["label"], ["optim.output"])  # the one thing it varies
         precision = json.loads(exact["config"]).get("trainer.precision")
         how = json.loads(sampled["config"])
         speedup, cost = speed_up(exact, sampled)
@@ -202,12 +205,12 @@ def sampled_vs_exact(ctx: Context) -> list[str]:
             f"{exact['epochs']:.0f} epochs, {exact[cost]:.1f} min; sampled (k={how.get('optim.samples')}, "
             f"{how.get('optim.proposal')} proposal, {how.get('optim.estimator')}) {diffs}, "
             f"{sampled['epochs']:.0f} epochs, {sampled[cost]:.1f} min{' in fit' if cost == 'fit_minutes' else ''}: "
-            f"{speedup:.1f}x faster{_equivalence(ctx.evidence, exact, sampled, verdicts, pairing.margin)}"
+            f"{speedup:.1f}x faster{_equivalence(ctx.evidence, exact, sampled, verdicts, pairing.margin, why)}"
         )
         samples.add(how.get("optim.samples"))
     if not lines:
         return []
-    verdict = {HOLDS: "holds", FAILS: "fails"}.get(combine(verdicts), "inconclusive")
+    verdict = {HOLDS: "holds", FAILS: "fails", CONFOUNDED: CONFOUNDED}.get(combine(verdicts), "inconclusive")
     claim = (
         f"Sampled training reaches the exact perplexity (every pair's test interval within ±{pairing.margin:.0%}): "
         f"{verdict}."
@@ -216,9 +219,18 @@ def sampled_vs_exact(ctx: Context) -> list[str]:
 
 
 def _equivalence(
-    evidence: Evidence, exact: pd.Series, sampled: pd.Series, verdicts: list[str | None], margin: float
+    evidence: Evidence,
+    exact: pd.Series,
+    sampled: pd.Series,
+    verdicts: list[str | None],
+    margin: float,
+    confounded: str | None,
 ) -> str:
-    """The pair's paired test interval (sampled over exact, less 1) and verdict; appends the verdict."""
+    """The pair's paired test interval (sampled over exact, less 1) and verdict, or `confounded` (its arms differ
+    in more than their output layer: tracking/confounds.py); appends the verdict."""
+    if confounded:
+        verdicts.append(CONFOUNDED)
+        return f": {confounded}"
     labels = [row.get("label", row["row"]) for row in (sampled, exact)]
     difference = evidence.compare(*labels)
     if difference is None:

@@ -268,7 +268,7 @@ def build(
         seed_epochs=[seed_epochs(curves, seeds, label) for label in table["label"]],
         stopped=[stopped(run_ids, stops, seeds) for run_ids in table["run_ids"].fillna("")],
     )
-    claims = check_claims(spec.get("claims") or [], table, evidence, epochs, speeds)
+    claims = check_claims(spec.get("claims") or [], table, evidence, epochs, speeds, all_runs)
     if plan:
         table1 = fast_rows(plan, all_runs, fingerprint)
         claims = recipe.claims(plan, source, table, table1)

@@ -154,6 +154,7 @@ def tidy(raw: pd.DataFrame) -> pd.DataFrame:
                 "vocab_size": _text(get("tags.vocab_size")),
                 **{f"{split}_tokens": _text(get(f"tags.{split}_tokens")) for split in SPLITS},
                 "git_commit": _text(get("tags.git_commit")),
+                "code": _text(get("tags.code_fingerprint")) or _text(get("tags.git_commit")),  # commit and changes
                 "note": _text(get("tags.note")),
                 "row_tag": ROW_NAMES.get(_text(get("tags.row")), _text(get("tags.row"))),
                 "study_tag": _text(get("tags.study")),
@@ -250,6 +251,8 @@ def environment(run: pd.Series) -> dict[str, str]:
         versions.append(f"Python {run.get('tags.python')}")
     return {
         "cpu": f"{model} [{flags}]" if model else "",
+        "cpu_model": model,
+        "torch": _text(run.get("tags.version.torch")),
         "threads": pd.to_numeric(run.get("tags.torch_threads", np.nan), errors="coerce"),
         "versions": ", ".join(versions),
     }

@@ -44,7 +44,7 @@ from nplm_repro.paper import (
     row_key,
 )
 from nplm_repro.studies import CLAIM_KINDS, row_name
-from nplm_repro.tracking.confounds import allowed, confounded, differences
+from nplm_repro.tracking.confounds import allowed, confounded, differences, precision_ran
 from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, family, trains, without_unused
 from nplm_repro.tracking.runs import MIX
 
@@ -174,7 +174,8 @@ def job_config(job: DictConfig) -> dict[str, str]:
 def check_controlled(spec: dict[str, Any], jobs: list[DictConfig], where: str) -> None:
     """NplmError on a claim whose two rows' jobs already differ, as composed, in a key the claim does not name
     (tracking/confounds.py): its report could only call it confounded. A row is matched by its name and the `key=value`
-    words of its label; a side no job matches (a precision `auto` will choose) is checked by the report instead."""
+    words of its label (which let no key differ: the claim's `varies` does); a side no job matches (a precision
+    `auto` will choose) is checked by the report instead."""
     configs = [(row_names(job) or frozenset(), job_config(job), job) for job in jobs]
 
     def matching(label: str) -> tuple[dict[str, str], DictConfig] | None:
@@ -193,7 +194,9 @@ def check_controlled(spec: dict[str, Any], jobs: list[DictConfig], where: str) -
                 a, b = (matching(row) for row in pair)
                 if a is None or b is None:
                     continue
-                found = differences(a[0], b[0], allowed(*pair, claim.get("varies")), trains(a[1]) and trains(b[1]))
+                found = differences(
+                    precision_ran(a[0]), precision_ran(b[0]), allowed(claim.get("varies")), trains(a[1]) and trains(b[1])
+                )
                 if found:
                     raise NplmError(
                         f"{where}: claim {claim['claim']!r}, {pair[0]} against {pair[1]}: {confounded(found)}; run "
