@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_module
 
 from nplm_repro.errors import NplmError
 from nplm_repro.reporting.claims import HOLDS, check_claims
+from nplm_repro.reporting.formats import pct
 from nplm_repro.tracking.confounds import CONFOUNDED, allowed, differences
 from nplm_repro.sweeping.sweep import check_declaration
 from nplm_repro.tracking.study_rows import job_config
@@ -288,3 +289,16 @@ def test_a_glob_in_varies_prints_the_keys_that_did_differ() -> None:
     tuned = MLP | RAN | {"model.h": "100", "optim.lr": "0.00125"}
     found, line = verdict(claim, *arms({"MLP h=50": (MLP | RAN, [{}]), "MLP h=100": (tuned, [{}])}))
     assert found == HOLDS and "test 200.0 against 190.0, +5.3%; it varies optim.lr (0.005 / 0.00125), 95%" in line
+
+
+def test_an_effect_under_a_twentieth_of_a_percent_is_printed_as_under_a_tenth() -> None:
+    """MLP9 in bf16-mixed against 32-true moved test perplexity by +0.0% [-0.0%, +0.0%]: read as a measured zero.
+    Under 0.05% either way, a difference is `< 0.1%`."""
+    assert [pct(v) for v in (0.0, 0.0004, -0.00049, 0.0005, -0.0123, float("nan"))] == [
+        "< 0.1%",
+        "< 0.1%",
+        "< 0.1%",
+        "+0.1%",
+        "-1.2%",
+        "",
+    ]

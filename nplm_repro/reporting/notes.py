@@ -15,6 +15,7 @@ from nplm_repro.errors import NplmError
 from nplm_repro.paper import PAPER_DATA, PAPER_TABLES, label, paper_table, row_key
 from nplm_repro.reporting.claims import FAILS, HOLDS, INCONCLUSIVE, Arms, combine, verdict_of
 from nplm_repro.reporting.data_effect import ngram_offset, vocabulary_slope
+from nplm_repro.reporting.formats import pct
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import run_name, run_text, short_commit
 from nplm_repro.reporting.search import search_note
@@ -197,7 +198,7 @@ def sampled_vs_exact(ctx: Context) -> list[str]:
         how = json.loads(sampled["config"])
         speedup, cost = speed_up(exact, sampled)
         diffs = ", ".join(
-            f"{s} {sampled[f'{s}_ppl']:.1f} ({sampled[f'{s}_ppl'] / exact[f'{s}_ppl'] - 1:+.1%})"
+            f"{s} {sampled[f'{s}_ppl']:.1f} ({pct(sampled[f'{s}_ppl'] / exact[f'{s}_ppl'] - 1)})"
             for s in ("valid", "test")
         )
         lines.append(
@@ -237,7 +238,7 @@ def _equivalence(
         verdicts.append(INCONCLUSIVE)
         return "; no interval: its runs kept no scores"
     verdicts.append(verdict_of(difference, "equivalent", margin))
-    return f"; test, sampled over exact, 95% interval [{difference.low:+.1%}, {difference.high:+.1%}]: {verdicts[-1]}"
+    return f"; test, sampled over exact, 95% interval [{pct(difference.low)}, {pct(difference.high)}]: {verdicts[-1]}"
 
 
 def _arithmetic(vocab: str, samples: set[str | None]) -> list[str]:

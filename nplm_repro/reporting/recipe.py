@@ -218,7 +218,7 @@ def targets(plan: Recipe, table: pd.DataFrame, history: dict[str, list[tuple[str
         run = ours.loc[row]
         diffs = {s: run[f"{s}_ppl"] / paper.loc[row, f"paper_{s}_ppl"] - 1 for s in ("valid", "test")}
         numbers = ", ".join(
-            f"{s} {run[f'{s}_ppl']:.1f} (paper {paper.loc[row, f'paper_{s}_ppl']:g}, {d:+.1%})"
+            f"{s} {run[f'{s}_ppl']:.1f} (paper {paper.loc[row, f'paper_{s}_ppl']:g}, {pct(d)})"
             for s, d in diffs.items()
         )
         missed = [f"{s} by {abs(d) - within:.1%} beyond the {within:.0%}" for s, d in diffs.items() if abs(d) > within]

@@ -26,7 +26,7 @@ from nplm_repro.paper import (
 from nplm_repro.reporting import notes, recipe
 from nplm_repro.reporting.claims import Claim, check_claims
 from nplm_repro.reporting.endings import best_epochs, improving, seed_epochs, stopped, unconverged
-from nplm_repro.reporting.formats import mean_std
+from nplm_repro.reporting.formats import mean_std, pct
 from nplm_repro.reporting.intervals import Evidence
 from nplm_repro.reporting.runs import Timeline, history, timeline, training_speeds, varying_keys
 from nplm_repro.scores import KEPT_SPLITS
@@ -346,7 +346,7 @@ def display(report: Report) -> pd.DataFrame:
         if split in KEPT_SPLITS and report.table[f"{split}_low"].notna().any():
             frame[(split, "95% interval")] = report.table.apply(_interval, axis=1, split=split)
         frame[(split, "paper")] = paper.map(lambda v: f"{v:g}" if present(v) else "")
-        frame[(split, "diff")] = diff.map(lambda v: f"{v:+.1%}" if present(v) else "")
+        frame[(split, "diff")] = diff.map(pct)
     columns = report.spec.get("columns", [])
     if "test_range" in columns:
         frame[("test", "seeds' range")] = report.table.apply(_range, axis=1, split="test")
