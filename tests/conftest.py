@@ -28,6 +28,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"  # for the commands the tests start: torch's default is one per core
     torch.set_num_threads(1)
 
+# The MLflow servers the tests start (`mlflow ui`, `mlflow server`) run without MLflow's job execution: its job runner
+# and huey consumers (8 processes a server, each importing MLflow) serve GenAI jobs this project never submits.
+os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # Started in the background (`nohup pytest &`), pytest ignores Ctrl-C and so would the commands it starts,
     # which the recovery tests interrupt with it; a handler of our own is reset to the default in each child.
