@@ -388,12 +388,8 @@ def test_unusable_tracking_store_is_one_line_before_any_work(
 ) -> None:
     """MLflow's own client would retry an unreachable server for minutes; the check answers in seconds. (The
     corpus's path is checked before: it must be there.)"""
-    train = subprocess.run(
-        [NPLM_TRAIN, "experiment=kn3", f"data.path={tiny_brown_path}", f"tracking.uri={uri}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    train = run_command(
+        [NPLM_TRAIN, "experiment=kn3", f"data.path={tiny_brown_path}", f"tracking.uri={uri}"], cwd=tmp_path, timeout=120
     )
     report_args = [NPLM_REPORT, "--tracking-uri", uri, "--out", str(tmp_path / "reports")]
     report = run_command(report_args, cwd=tmp_path, timeout=120)
@@ -612,9 +608,9 @@ def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path
         f"tracking.uri={uri}",
         f"hydra.run.dir={small_disk.parent}/o",
     ]
-    assert subprocess.run([*rows, "experiment=kn3"], cwd=small_disk.parent, capture_output=True).returncode == 0
+    assert run_command([*rows, "experiment=kn3"], cwd=small_disk.parent).returncode == 0
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
-    result = subprocess.run([*rows, "experiment=kn4"], cwd=small_disk.parent, capture_output=True, text=True)
+    result = run_command([*rows, "experiment=kn4"], cwd=small_disk.parent)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"nplm-train: error: tracking store '{uri}' is unusable: "
@@ -622,7 +618,7 @@ def test_a_read_only_store_is_one_line_for_training_and_still_reports(brown_path
     )
     out = small_disk.parent / "reports"
     report = [NPLM_REPORT, "--tracking-uri", uri, "--out", str(out)]
-    assert subprocess.run(report, cwd=small_disk.parent, capture_output=True).returncode == 0
+    assert run_command(report, cwd=small_disk.parent).returncode == 0
     assert "Kneser-Ney back-off" in (out / "brown_table1.md").read_text()
 
 
@@ -783,15 +779,11 @@ def test_a_stopped_sequence_model_resumes_and_ends_as_the_run_that_never_stopped
     stopped_dir.mkdir()
     reference_uri, uri = f"sqlite:///{whole}/mlflow.db", f"sqlite:///{stopped_dir}/mlflow.db"
     args = [NPLM_TRAIN, f"data.path={brown_path}", *SLICE, "seed=5", "trainer.enable_progress_bar=false", *overrides]
-    reference = subprocess.run(
-        [*args, f"tracking.uri={reference_uri}"], cwd=whole, capture_output=True, text=True, timeout=600
-    )
+    reference = run_command([*args, f"tracking.uri={reference_uri}"], cwd=whole, timeout=600)
     assert reference.returncode == 0, stderr_tail(reference)
     stopped = stop_mid_second_epoch([*args, f"tracking.uri={uri}"], stopped_dir, uri, how)
     assert stopped.returncode in (-9, 130), stderr_tail(stopped)
-    resumed = subprocess.run(
-        [*args, f"tracking.uri={uri}"], cwd=stopped_dir, capture_output=True, text=True, timeout=600
-    )
+    resumed = run_command([*args, f"tracking.uri={uri}"], cwd=stopped_dir, timeout=600)
     assert resumed.returncode == 0, stderr_tail(resumed)
     assert "resuming run" in resumed.stdout + resumed.stderr
     ((run,), (expected,)) = runs(uri), runs(reference_uri)
