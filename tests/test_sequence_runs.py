@@ -171,6 +171,14 @@ def test_the_budgets_rate_rises_then_falls_to_a_tenth_when_the_budget_is_spent()
     assert budget_rate(0.55, 0.1) == pytest.approx(0.55)  # (1 + 0.1) / 2
     assert budget_rate(1.0, 0.1) == pytest.approx(0.1) and budget_rate(1.3, 0.1) == pytest.approx(0.1)
     assert budget_rate(0.0, 0.0) == 1.0  # no rise: the peak at once
+    assert budget_rate(1.0, 0.1, 0.0) == 0.0 and budget_rate(0.55, 0.1, 0.0) == pytest.approx(0.5)  # cosine_floor=0
+
+
+def test_a_cosine_floor_outside_zero_to_one_is_refused_in_one_line() -> None:
+    """`optim.cosine_floor`: where adamw's cosine ends, a fraction of optim.lr; absent, a tenth, as every stored run."""
+    check_config(composed("experiment=lstm", "optim.plateau_factor=null", "+optim.cosine_floor=0"))
+    with pytest.raises(NplmError, match=r"optim.cosine_floor"):
+        check_config(composed("experiment=lstm", "optim.plateau_factor=null", "+optim.cosine_floor=1.5"))
 
 
 def test_a_resumed_run_goes_on_down_the_cosine_from_its_checkpointed_seconds() -> None:

@@ -13,27 +13,32 @@ import torch
 from lightning.pytorch.callbacks import Timer
 
 
-def cosine(done: float) -> float:
-    """adamw's factor when `done` (0 to 1; past 1 counts as 1) of its cosine has passed: from 1 down to a tenth."""
-    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(done, 1.0)))
+FLOOR = 0.1  # where adamw's cosine ends, a fraction of optim.lr, unless `optim.cosine_floor` says (absent: 0.1)
 
 
-def budget_rate(spent: float, warmup: float) -> float:
+def cosine(done: float, floor: float = FLOOR) -> float:
+    """adamw's factor when `done` (0 to 1; past 1 counts as 1) of its cosine has passed: from 1 down to `floor`."""
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(done, 1.0)))
+
+
+def budget_rate(spent: float, warmup: float, floor: float = FLOOR) -> float:
     """adamw's factor when `spent` (0 to 1) of a time budget is spent: a linear rise over its first `warmup`, then
-    the cosine, which reaches a tenth when the budget is spent (`optim.anneal_to_time`)."""
+    the cosine, which reaches `floor` when the budget is spent (`optim.anneal_to_time`)."""
     if spent < warmup:
         return spent / warmup
-    return cosine((spent - warmup) / (1.0 - warmup))
+    return cosine((spent - warmup) / (1.0 - warmup), floor)
 
 
-def to_time_budget(optimizer: torch.optim.Optimizer, timer: Timer, warmup: float) -> dict[str, Any]:
+def to_time_budget(
+    optimizer: torch.optim.Optimizer, timer: Timer, warmup: float, floor: float = FLOOR
+) -> dict[str, Any]:
     """adamw's rise and cosine along the time budget `timer` keeps (trainer.max_time) instead of along steps: the
     factor at each step is `budget_rate` of the fit's seconds so far over the budget. Those are the Timer's, training
     and validation alike for every family (the report's fit_seconds), and a checkpoint keeps them: a resumed run
     goes on down the cosine where it was stopped, not from its peak."""
     budget = timer.time_elapsed() + timer.time_remaining()  # trainer.max_time in seconds (the Timer keeps it private)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda _: budget_rate(timer.time_elapsed() / budget, warmup)
+        optimizer, lambda _: budget_rate(timer.time_elapsed() / budget, warmup, floor)
     )
     return {"scheduler": scheduler, "interval": "step"}
 

@@ -12,8 +12,8 @@ Recipes (`optim.recipe`):
 - `sgd`: Zaremba et al. (2014): SGD on the batch's mean loss at rate `optim.lr`, the gradient's norm clipped at
   `optim.clip`, the rate multiplied by `optim.plateau_factor` after each epoch that does not improve validation.
 - `adamw`: AdamW (decay `optim.weight_decay` on matrices only), the rate rising linearly over `optim.warmup` of
-  the run's steps, then falling along a cosine to a tenth of `optim.lr` at `trainer.max_epochs` (`plateau_factor`
-  null: a fixed budget), or kept until an epoch does not improve validation and then multiplied by
+  the run's steps, then falling along a cosine to a tenth of `optim.lr` (`optim.cosine_floor`: absent 0.1, 0 to
+  zero) at `trainer.max_epochs` (`plateau_factor` null: a fixed budget), or kept until an epoch does not improve validation and then multiplied by
   `optim.plateau_factor`, the run ended by early stopping (train to convergence, `trainer.max_epochs` a ceiling).
   Without a ceiling (`trainer.max_epochs=-1`) the rise spans the first epoch: the run's length is not known.
   With `optim.anneal_to_time: true` (and `plateau_factor` null) the rise and the cosine run along the time budget
@@ -35,7 +35,7 @@ from nplm_repro.data.streams import Batch, StreamBatches
 from nplm_repro.errors import NplmError
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.outputs import Head, outputs_for
-from nplm_repro.models.schedules import cosine, schedules, to_time_budget
+from nplm_repro.models.schedules import FLOOR, cosine, schedules, to_time_budget
 from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 
 RECIPES = ("sgd", "adamw")
@@ -58,6 +58,7 @@ class SequenceModule(LanguageModule):
             "optim.clip": optional(number(0, low_open=True)),
             "optim.warmup": optional(number(0, 1, high_open=True)),
             "optim.anneal_to_time": optional(flag()),  # absent (off) in every optim group: no stored run's key moves
+            "optim.cosine_floor": optional(number(0, 1, high_open=True)),  # absent (0.1) likewise
             "model.width": at_least(1),
             "model.layers": at_least(1),
             "model.dropout": number(0, 1, high_open=True),
@@ -186,9 +187,10 @@ class SequenceModule(LanguageModule):
             optimizer = torch.optim.SGD(groups, lr=o["lr"])
             return [optimizer], schedules(optimizer, None, o.get("plateau_factor"), 1)
         optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=(0.9, 0.98))
+        floor = FLOOR if o.get("cosine_floor") is None else o["cosine_floor"]
         if o.get("anneal_to_time"):  # the cosine's end is trainer.max_time, whose Timer Lightning adds
             timer = next(c for c in self.trainer.callbacks if isinstance(c, Timer))
-            return [optimizer], [to_time_budget(optimizer, timer, o.get("warmup") or 0.0)]
+            return [optimizer], [to_time_budget(optimizer, timer, o.get("warmup") or 0.0, floor)]
         total = self.trainer.estimated_stepping_batches  # inf without a ceiling (trainer.max_epochs=-1)
         if math.isfinite(total):
             total = max(int(total), 1)
@@ -203,7 +205,7 @@ class SequenceModule(LanguageModule):
         def rate(step: int) -> float:
             if step < warmup:
                 return (step + 1) / warmup
-            return cosine((step - warmup) / max(total - warmup, 1))
+            return cosine((step - warmup) / max(total - warmup, 1), floor)
 
         return [optimizer], [{"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, rate), "interval": "step"}]
 
