@@ -281,6 +281,13 @@ def test_two_mixtures_are_compared_through_the_runs_they_mix() -> None:
     assert found == CONFOUNDED and line.endswith("they also differ in trainer.max_epochs (20 / 40)"), line
     runs.loc[runs["run_id"] == "m1", "config"] = mlps[0]["config"]
     assert verdict(claim, table, runs)[0] == HOLDS
+    second = {**mlps[0], "run_id": "m2", "config": json.dumps(MLP | RAN | {"model.h": "100", "optim.lr": "0.1"})}
+    runs = pd.concat([runs, pd.DataFrame([second])], ignore_index=True)
+    runs.loc[runs["run_id"] == "x1", "mixes"] = "m1,m2"  # what it mixes beyond its first run, its name says
+    assert verdict(claim, table, runs)[0] == HOLDS
+    runs.loc[runs["run_id"] == "m2", "code"] = "def456"  # but not the code that run came from
+    found, line = verdict(claim, table, runs)
+    assert found == CONFOUNDED and "mixed with.1.run.code (abc123 / def456)" in line, line
 
 
 def test_a_glob_in_varies_prints_the_keys_that_did_differ() -> None:

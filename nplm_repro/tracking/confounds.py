@@ -11,8 +11,9 @@ name their models), and the keys the claim lists in `varies` (globs allowed; cho
 `MLP9 optim.batch_size=1024` against `MLP9 optim.batch_size=256` needs `varies: [optim.batch_size]`.
 
 A counted row (an n-gram) has no training: beside it only the data and the code are compared. A mixed row is
-compared through the runs it mixes: its first component's record under the mixture's model keys, the others' beside
-it (compared only against another mixture's).
+compared through the runs it mixes: its first component's whole record under the mixture's model keys; of the runs
+it mixes beyond the first, which its name says (`LSTM + MLP9` against `LSTM + LSTM`), and of its own run, what they
+recorded of where and from what code they computed (compared against another mixture's only).
 
 The report (reporting/claims.py) gives a pair that differs elsewhere the verdict `confounded`, naming each key with
 both values; a sweep refuses such a claim before any job where the composed configs already show it
@@ -93,7 +94,7 @@ def _split(
     keys = sorted(k for k in set(a) | set(b) if k.startswith(groups) or (k.startswith(WITH) and k in a and k in b))
     found, varied = [], []
     for key in keys:
-        if _value(a, key) == _value(b, key):
+        if _value(a, key) == _value(b, key) or _named_by_rows(key):
             continue
         difference = (key, str(a.get(key, UNSET)), str(b.get(key, UNSET)))
         if not _matches(key, patterns):
@@ -101,6 +102,14 @@ def _split(
         elif not _matches(key, ALWAYS):
             varied.append(difference)
     return found, varied
+
+
+def _named_by_rows(key: str) -> bool:
+    """A key the rows' names say differs: the model's, and what a mixture mixes beyond its first component (`LSTM +
+    MLP9` against `LSTM + LSTM`); only where and from what code those further runs computed is compared."""
+    if key.startswith(WITH):
+        return not key.removeprefix(WITH).partition(".")[2].startswith("run.")
+    return _matches(key, ALWAYS)
 
 
 def record(run_id: str, runs: pd.DataFrame) -> dict[str, str]:
