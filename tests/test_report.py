@@ -859,8 +859,8 @@ def test_a_sampled_run_pairs_with_the_exact_run_that_auto_trained_in_bfloat16_an
     )
     assert line.startswith("MLP9: exact (bf16-mixed) valid 260.0, test 240.0, 15 epochs, 30.0 min; sampled (k=500, ")
     assert line.endswith(
-        "valid 262.6 (+1.0%), test 240.0 (< 0.1%), 17 epochs, 6.0 min in fit: 5.0x faster: confounded: they also differ "
-        "in trainer.limit_val_batches ((unset) / 0.25), trainer.precision (bf16-mixed / 32-true)"
+        "valid 262.6 (+1.0%), test 240.0 (< 0.1%), 17 epochs, 6.0 min in fit: 5.0x faster: confounded: they also "
+        "differ in trainer.limit_val_batches ((unset) / 0.25), trainer.precision (bf16-mixed / 32-true)"
     )
     assert claim.endswith("(every pair's test interval within ±2%): confounded.")
     assert arithmetic.startswith(

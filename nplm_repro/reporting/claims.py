@@ -25,7 +25,15 @@ from scipy import stats
 from nplm_repro.paper import PAPER_MODEL, PAPER_TRIGRAM
 from nplm_repro.reporting.formats import pct
 from nplm_repro.reporting.intervals import Difference, Evidence
-from nplm_repro.tracking.confounds import CONFOUNDED, arm, arm_differences, confounded, listed, precision_ran, trained_arm
+from nplm_repro.tracking.confounds import (
+    CONFOUNDED,
+    arm,
+    arm_differences,
+    confounded,
+    listed,
+    precision_ran,
+    trained_arm,
+)
 
 HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
 PARTLY, NOT_MEASURED = "holds on the rows measured", "not measured"

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pandas as pd
 
 from nplm_repro.tracking.keys import SAMPLING_KEYS
+from nplm_repro.tracking.runs import present
 
 CONFOUNDED = "confounded"
 ALWAYS = ("model.*",)  # the rows name their models: a claim is about them
@@ -137,7 +138,8 @@ def trained_arm(records: Mapping[str, Mapping[str, str]]) -> bool:
 
 
 def _text(value: object) -> str:
-    if value is None or (isinstance(value, float) and value != value):
+    """A recorded value as a string ('' where none; threads, which pandas read as float, as an integer)."""
+    if not present(value):
         return ""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 

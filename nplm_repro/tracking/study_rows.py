@@ -194,9 +194,8 @@ def check_controlled(spec: dict[str, Any], jobs: list[DictConfig], where: str) -
                 a, b = (matching(row) for row in pair)
                 if a is None or b is None:
                     continue
-                found = differences(
-                    precision_ran(a[0]), precision_ran(b[0]), allowed(claim.get("varies")), trains(a[1]) and trains(b[1])
-                )
+                both_trained = trains(a[1]) and trains(b[1])
+                found = differences(precision_ran(a[0]), precision_ran(b[0]), allowed(claim.get("varies")), both_trained)
                 if found:
                     raise NplmError(
                         f"{where}: claim {claim['claim']!r}, {pair[0]} against {pair[1]}: {confounded(found)}; run "
