@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from hydra_plugins.nplm_repro_search import register
 from nplm_repro.checks import check_job
-from nplm_repro.cli import cli, freeze_imports, quiet
+from nplm_repro.cli import cli, fork_workers_from, freeze_imports, quiet
 from nplm_repro.errors import sigterm_interrupts
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
@@ -27,6 +27,7 @@ from nplm_repro.sweeping.sweep import ends_sweeps
 from nplm_repro.tracking.ledger import run
 
 register()  # the sweepers: the search's (hparams_search=...) and the default, whose mixed rows wait for their rows
+fork_workers_from("nplm_repro.train")  # a sweep's workers: imported once, forked
 
 
 @hydra.main(config_path="pkg://nplm_repro.conf", config_name="config", version_base="1.3")
