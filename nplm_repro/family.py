@@ -92,6 +92,10 @@ class Recorded(Protocol):
         """ln P of every token of `tokens`, as its family scores it (`score_run`)."""
         ...
 
+    def reach(self) -> int | None:
+        """How many tokens before a token its score reads, as its family says (`reach`)."""
+        ...
+
     def kept_logprob(self, split: str) -> np.ndarray:
         """ln P of every token of a kept split (valid, test), as the run kept it; scored again if it kept none."""
         ...
@@ -143,6 +147,13 @@ class Family:
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
         """ln P of every token of `tokens` by the recorded run, as its own evaluation scored its splits."""
         raise NotImplementedError
+
+    @classmethod
+    def reach(cls, run: Recorded) -> int | None:
+        """How many tokens before a token its score reads (eq. (1): n - 1): a long text is scored a part at a time,
+        each part with that many tokens before it, every token as in the whole text. None: the whole text before it
+        (a recurrent state), so a text is scored whole."""
+        return None
 
     @classmethod
     def tags(cls, cfg: Any) -> dict[str, str]:

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import csv
 import logging
 import math
 import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +33,12 @@ from nplm_repro.data.corpus import UNK
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import TRACEBACK
 from nplm_repro.scores import KEPT_SPLITS
-from nplm_repro.serving.scoring import RunScorer, Tokens, check_run_id
+from nplm_repro.serving.scoring import TEXT, RunScorer, Tokens, check_run_id
 from nplm_repro.storage.kept import kept_scores, log_scores
 
 TOLERANCE = 1e-6  # relative: kept scores must give the run's logged perplexity
 SHOWN_UNKNOWN = 10  # the most frequent words outside the vocabulary that are listed
+ROWS_AT_ONCE = 1 << 16  # --per-token rows made Python objects at a time: the memory does not grow with the text
 
 
 def _arguments() -> argparse.Namespace:
@@ -87,42 +92,77 @@ def writable(path: Path) -> None:
         raise NplmError(f"--per-token {path}: cannot write in {path.parent} ({error.strerror or error})") from None
 
 
-def summary(scorer: RunScorer, tokens: Tokens, logprob: np.ndarray) -> str:
-    """What was scored and counted, as SRILM's `ngram -ppl` prints it: tokens, texts and `<unk>` (their share), the
-    total log-probability and the perplexity; the same without the tokens that are `<unk>` (SRILM's perplexity,
-    which leaves out the words outside the vocabulary from both the sum and the count); for a user's text, its most
-    frequent words outside the vocabulary."""
-    total = float(np.sum(logprob, dtype=np.float64))
-    what = f"split {tokens.span}" if tokens.span != "text" else f"text {tokens.corpus.texts[0]}"
-    counted = (
-        f"run {scorer.run_id[:12]} ({scorer.name}), {what}: {tokens.size:,} tokens, "
-        f"{tokens.unk:,} <unk> ({tokens.unk / tokens.size:.2%}), {tokens.texts:,} text{'s' * (tokens.texts != 1)}, "
-        f"logprob {total:,.2f} (ln), ppl {math.exp(-total / tokens.size):.3f}"
-    )
-    lines = [counted]
-    start, end = tokens.corpus.bounds[tokens.span]
-    known = (tokens.corpus.ids[start:end] != tokens.corpus.vocab.index(UNK)).numpy()
-    kept, count = float(np.sum(logprob[known], dtype=np.float64)), int(known.sum())
-    ppl = f"{math.exp(-kept / count):.3f}" if count else "none (every token is <unk>)"
-    lines.append(f"without <unk>: {count:,} tokens, logprob {kept:,.2f} (ln), ppl {ppl}")
-    if tokens.unknown:
-        top = ", ".join(f"{word} {n:,}" for word, n in tokens.unknown.most_common(SHOWN_UNKNOWN))
-        shown = min(SHOWN_UNKNOWN, len(tokens.unknown))
-        lines.append(f"<unk> words, the {shown} most frequent of {len(tokens.unknown):,}: {top}")
-    return "\n".join(lines)
+@dataclass
+class Tally:
+    """What was scored and counted, part by part (a split is one part, a long text several: `RunScorer.text`)."""
+
+    what: str = ""
+    tokens: int = 0
+    unk: int = 0
+    texts: int = 0
+    logprob: float = 0.0
+    known: int = 0  # tokens that are not <unk>, and their ln P
+    known_logprob: float = 0.0
+    unknown: Counter = field(default_factory=Counter)
+
+    def add(self, tokens: Tokens, logprob: np.ndarray) -> None:
+        self.what = f"split {tokens.span}" if tokens.span != TEXT else f"text {tokens.corpus.texts[0]}"
+        start, end = tokens.corpus.bounds[tokens.span]
+        known = (tokens.corpus.ids[start:end] != tokens.corpus.vocab.index(UNK)).numpy()
+        self.tokens, self.unk = self.tokens + tokens.size, self.unk + tokens.unk
+        self.texts = max(self.texts, tokens.texts)
+        self.logprob += float(np.sum(logprob, dtype=np.float64))
+        self.known += int(known.sum())
+        self.known_logprob += float(np.sum(logprob[known], dtype=np.float64))
+        self.unknown.update(tokens.unknown)
+
+    def summary(self, scorer: RunScorer) -> str:
+        """As SRILM's `ngram -ppl` prints it: tokens, texts and `<unk>` (their share), the total log-probability and
+        the perplexity; the same without the tokens that are `<unk>` (SRILM's perplexity, which leaves out the words
+        outside the vocabulary from both the sum and the count); for a user's text, its most frequent words outside
+        the vocabulary."""
+        lines = [
+            f"run {scorer.run_id[:12]} ({scorer.name}), {self.what}: {self.tokens:,} tokens, "
+            f"{self.unk:,} <unk> ({self.unk / self.tokens:.2%}), {self.texts:,} text{'s' * (self.texts != 1)}, "
+            f"logprob {self.logprob:,.2f} (ln), ppl {math.exp(-self.logprob / self.tokens):.3f}"
+        ]
+        ppl = f"{math.exp(-self.known_logprob / self.known):.3f}" if self.known else "none (every token is <unk>)"
+        lines.append(f"without <unk>: {self.known:,} tokens, logprob {self.known_logprob:,.2f} (ln), ppl {ppl}")
+        if self.unknown:
+            top = ", ".join(f"{word} {n:,}" for word, n in self.unknown.most_common(SHOWN_UNKNOWN))
+            shown = min(SHOWN_UNKNOWN, len(self.unknown))
+            lines.append(f"<unk> words, the {shown} most frequent of {len(self.unknown):,}: {top}")
+        return "\n".join(lines)
 
 
-def write_per_token(path: Path, tokens: Tokens, logprob: np.ndarray) -> None:
-    """token, text, ln P: the vocabulary's token (`<unk>` for a word outside it), the name of its text."""
-    start, end = tokens.corpus.bounds[tokens.span]
-    vocab, names = tokens.corpus.vocab, tokens.corpus.text_names()
+@contextlib.contextmanager
+def per_token_file(path: Path | None) -> Iterator[Callable[[Tokens, np.ndarray], None]]:
+    """A writer of token, text and ln P of every token, part by part (the vocabulary's token, `<unk>` for a word
+    outside it; the name of its text), into `path`'s `.part`, renamed to `path` once every part is written: nothing
+    half-written under the name asked for, and nothing at all after an error. No path: a writer of nothing."""
+    if path is None:
+        yield lambda tokens, logprob: None
+        return
     partial = path.with_name(path.name + ".part")
-    with partial.open("w", newline="") as f:
-        out = csv.writer(f, delimiter="\t", lineterminator="\n")
-        out.writerow(["token", "text", "logprob"])
-        for i, text, lp in zip(tokens.corpus.ids[start:end].tolist(), tokens.text_ids().tolist(), logprob.tolist()):
-            out.writerow([vocab[i], names[text], f"{lp:.6f}"])
-    partial.rename(path)  # nothing half-written under the name asked for
+    try:
+        with partial.open("w", newline="") as f:
+            out = csv.writer(f, delimiter="\t", lineterminator="\n")
+            out.writerow(["token", "text", "logprob"])
+
+            def write(tokens: Tokens, logprob: np.ndarray) -> None:
+                start, end = tokens.corpus.bounds[tokens.span]
+                vocab, names, texts = tokens.corpus.vocab, tokens.corpus.text_names(), tokens.text_ids()
+                for at in range(0, end - start, ROWS_AT_ONCE):  # a block of rows as Python objects at a time
+                    block = slice(at, at + ROWS_AT_ONCE)
+                    ids = tokens.corpus.ids[start:end][block].tolist()
+                    for i, text, lp in zip(ids, texts[block].tolist(), logprob[block].tolist()):
+                        out.writerow([vocab[i], names[text], f"{lp:.6f}"])
+
+            yield write
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.rename(path)
 
 
 def backfill(scorer: RunScorer) -> str:
@@ -151,11 +191,14 @@ def _main() -> None:
     if args.log:
         print(backfill(scorer))
         return
-    tokens = scorer.text(args.text, args.tokenized, args.encoding) if args.text else scorer.split(args.split or "test")
-    logprob = scorer.logprob(tokens)
-    if args.per_token:
-        write_per_token(args.per_token, tokens, logprob)
-    print(summary(scorer, tokens, logprob))
+    parts = scorer.text(args.text, args.tokenized, args.encoding) if args.text else [scorer.split(args.split or "test")]
+    tally = Tally()
+    with per_token_file(args.per_token) as write:
+        for tokens in parts:
+            logprob = scorer.logprob(tokens)
+            tally.add(tokens, logprob)
+            write(tokens, logprob)
+    print(tally.summary(scorer))
     if args.per_token:
         print(f"per-token scores: {args.per_token}", file=sys.stderr)
 

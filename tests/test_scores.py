@@ -14,6 +14,7 @@ import torch
 from helpers import SLICE, Done, composed, console_script, slice_texts
 from mlflow.tracking import MlflowClient
 
+from nplm_repro.score import Tally, per_token_file
 from nplm_repro.scores import ARTIFACT
 from nplm_repro.tracking import ledger
 from nplm_repro.storage.kept import kept_scores
@@ -83,6 +84,36 @@ def test_scoring_a_run_again_reproduces_its_logged_perplexities(
     for split in ("valid", "test"):
         logprob = scorer.logprob(scorer.split(split))
         assert np.exp(-np.mean(logprob, dtype=np.float64)) == pytest.approx(metrics[f"{split}_ppl"], rel=1e-6)
+
+
+@pytest.mark.parametrize(("row", "reach"), [("kn3", 2), ("mlp5", 4), ("del_int", 2), ("mlp6", 4)])
+def test_a_long_text_is_scored_in_parts_each_token_as_in_the_whole_text(
+    store: tuple[Path, str, dict[str, str]], tmp_path: Path, row: str, reach: int
+) -> None:
+    """A text longer than a part (`RunScorer.text`'s `part` tokens: a million for nplm-score) is scored a part at a
+    time, each with the `reach` tokens before it that its family's scores read (eq. (1)'s n - 1, an n-gram's, the
+    farthest of a mixture's parts): every score, count and per-token row is the whole text's, and the memory a 50 MB
+    text takes no longer holds every token's arrays at once (docs/performance.md)."""
+    workdir, uri, ids = store
+    text = tmp_path / "long.txt"
+    text.write_text("The jury said the Zorblax election was held.\n\nIt said that Fulton County had no trouble.\n\n" * 12)
+    scorer = RunScorer(uri, ids[row])
+    assert scorer.reach() == reach
+    whole, parts = (list(scorer.text(text, part=part)) for part in (10**9, 23))
+    assert len(whole) == 1 and len(parts) == -(-whole[0].size // 23)
+    said, written = [], []
+    for how in (whole, parts):
+        tally, path = Tally(), tmp_path / f"{len(how)}.tsv"
+        with per_token_file(path) as write:
+            for tokens in how:
+                logprob = scorer.logprob(tokens)
+                tally.add(tokens, logprob)
+                write(tokens, logprob)
+        said.append(tally.summary(scorer))
+        written.append(path.read_text())
+    # 24 paragraphs of 9 words, each with its <eop>, then <eot>; "Zorblax" is outside the vocabulary
+    assert said[0] == said[1] and "text long.txt: 241 tokens, 12 <unk> (4.98%), 1 text" in said[0]
+    assert written[0] == written[1] and len(written[0].splitlines()) == 1 + 241
 
 
 @pytest.mark.slow  # over 10 s

@@ -78,6 +78,16 @@ def test_its_test_perplexity_is_scored_again_to_a_millionth(row: tuple[str, str]
     assert again == pytest.approx(run.data.metrics["test_ppl"], rel=1e-6)
 
 
+def test_a_long_text_is_scored_in_one_part(row: tuple[str, str], tmp_path: Path) -> None:
+    """A token's score reads every token before it (the LSTM's state) or a window placed by where the text starts
+    (the Transformer's sliding windows), so `nplm-score --text` takes the text whole, in one part, however long."""
+    uri, run_id = row
+    scorer = RunScorer(uri, run_id)
+    text = tmp_path / "long.txt"
+    text.write_text("The jury said that it was held.\n\n" * 20)
+    assert scorer.reach() is None and [t.size for t in scorer.text(text, part=7)] == [20 * 9 + 1]
+
+
 @pytest.mark.slow
 def test_a_fresh_process_loads_its_model_and_gets_the_exact_softmax(row: tuple[str, str], tmp_path: Path) -> None:
     uri, run_id = row

@@ -135,6 +135,10 @@ class Mixture(Family):
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
         return mixed_logprob(run, tokens, components(run.cfg), run.cfg.model.mode)
 
+    @classmethod
+    def reach(cls, run: Recorded) -> int | None:
+        return mixed_reach(run, run.cfg.model.mode)
+
     def __init__(self, components: Sequence[str], mode: str) -> None:
         self.components, self.mode = list(components), mode
         self.fit_result: MixtureFit | None = None
@@ -252,6 +256,15 @@ def mixed_logprob(run: Recorded, tokens: Tokens, names: Sequence[str], mode: str
     return np.log(mixed.probs(probs, tokens.rows(mixed.trigram.order) if mixed.trigram is not None else None))
 
 
+def mixed_reach(run: Recorded, mode: str, trigram: bool = False) -> int | None:
+    """A mixture's reach (`Family.reach`): the farthest of its parts', and the trigram's where it is a component
+    (`trigram`) or bins the contexts (mode context); None if a part's is the whole text."""
+    reaches = [part.reach() for part in run.parts()]
+    if any(reach is None for reach in reaches):
+        return None
+    return max([*reaches, DeletedInterpolation.order - 1 if trigram or mode == "context" else 0])
+
+
 class StoredMixedRow(Family):
     """A trained family's row of kind mixed, stored before mixtures were rows of their own: an MLP's `model.mix` (the
     paper's MLP2 ... MLP10, CHANGELOG.md), its MLP's run (tag base_run_id) and the interpolated trigram fitted again
@@ -265,3 +278,7 @@ class StoredMixedRow(Family):
     @classmethod
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
         return mixed_logprob(run, tokens, ["MLP"], run.cfg.model.mix, trigram=True)
+
+    @classmethod
+    def reach(cls, run: Recorded) -> int | None:
+        return mixed_reach(run, run.cfg.model.mix, trigram=True)

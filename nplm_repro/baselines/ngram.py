@@ -124,9 +124,17 @@ class NgramModel(Family):
 
     @classmethod
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
-        """Counted again (counting is deterministic), once per rebuilt run."""
-        model = run.memo("counted", lambda: instantiate(run.cfg.model, _convert_="all").fit(run.corpus))
+        model = cls.counted(run)
         return np.log(model.window_probs(tokens.rows(model.order)))
+
+    @classmethod
+    def reach(cls, run: Recorded) -> int:
+        return cls.counted(run).order - 1
+
+    @staticmethod
+    def counted(run: Recorded) -> NgramModel:
+        """The run's model counted again (counting is deterministic), once per rebuilt run."""
+        return run.memo("counted", lambda: instantiate(run.cfg.model, _convert_="all").fit(run.corpus))
 
     def fit(self, corpus: Corpus) -> NgramModel:
         raise NotImplementedError

@@ -164,6 +164,16 @@ class LanguageModule(L.LightningModule, Family):
     def score_run(cls, run: Recorded, tokens: Tokens) -> np.ndarray:
         return score_splits(run.cfg, run.model(), tokens.corpus, [tokens.span])[tokens.span]
 
+    @classmethod
+    def reach(cls, run: Recorded) -> int | None:
+        return run.model().score_reach
+
+    @property
+    def score_reach(self) -> int | None:
+        """How many tokens before a token its score reads (`Family.reach`): the whole text, unless the family's model
+        reads a window (eq. (1))."""
+        return None
+
     @property
     def reads(self) -> Reading:
         """What it reads of a split (eq. (1): n-word windows; a stream model: rows or windows of the stream), whose

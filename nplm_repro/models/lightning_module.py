@@ -155,6 +155,10 @@ class NPLMModule(LanguageModule):
     def context_needed(self) -> int:
         return self.model.n - 1
 
+    @property
+    def score_reach(self) -> int:
+        return self.model.n - 1
+
     def word_features(self) -> torch.Tensor:
         return self.model.C.detach()
 

@@ -12,11 +12,13 @@ evaluation; `RunScorer` is what a family reads of the run (the contract's `Recor
 from __future__ import annotations
 
 import difflib
+import gc
 import json
 import re
+import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -60,6 +62,7 @@ def has_weights(client: mlflow.MlflowClient, run_id: str) -> bool:
 
 
 TEXT = "text"  # the span a user's text takes in the corpus built around it
+PART_TOKENS = 1 << 20  # a long text is scored in parts of this many tokens (`RunScorer.text`), each about 50 MB
 
 
 @dataclass
@@ -183,28 +186,48 @@ class RunScorer:
                 raise NplmError(f"{word!r} is not in the run's vocabulary ({len(index):,} words){hint}")
         return [index[w] for w in words]
 
-    def text(self, path: Path, tokenized: bool = False, encoding: str | None = None) -> Tokens:
+    def text(
+        self, path: Path, tokenized: bool = False, encoding: str | None = None, part: int = PART_TOKENS
+    ) -> Iterator[Tokens]:
         """A user's text file, read as the run reads its corpus (plain.py's `read_text`; `tokenized`: its
-        whitespace-separated tokens as they are), its words outside the run's vocabulary as `<unk>`: a corpus of its
-        own over the run's vocabulary, the whole text one span. A file that is no text, or has no words, is refused:
-        it would be scored as a text of only its end marks. `encoding`: the file's (`--encoding`); else the one its
-        byte-order mark says (UTF-8, UTF-16, UTF-32: `text_encoding`), else the run's corpus's."""
+        whitespace-separated tokens as they are), its words outside the run's vocabulary as `<unk>`, in parts of
+        `part` tokens: each a corpus of its own over the run's vocabulary, the part its one span, the `reach`
+        tokens before it in front, so that every token scores as in the whole text while the memory taken does not
+        grow with the file. A family whose score reads the whole text before a token (`reach` None: an LSTM, a
+        Transformer) takes it in one part. A file that is no text, or has no words, is refused: it would be scored
+        as a text of only its end marks. `encoding`: the file's (`--encoding`); else the one its byte-order mark
+        says (UTF-8, UTF-16, UTF-32: `text_encoding`), else the run's corpus's."""
         name = f"--text {path}"
         index = {w: i for i, w in enumerate(self.corpus.vocab)}
         unk = index[UNK]
-        pieces, unknown, words = [], Counter(), 0
+        reach = self.reach()
+        part = max(part, reach + 1) if reach is not None else sys.maxsize
+        held, before, unknown, words = [], np.empty(0, np.int64), Counter(), 0
+
+        def scored(ids: np.ndarray) -> Tokens:
+            stream = torch.from_numpy(np.concatenate([before, ids]))
+            bounds = {TEXT: (len(before), len(stream))}
+            corpus = Corpus(self.corpus.name, self.corpus.vocab, stream, bounds, texts=(path.name,))
+            return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, unknown)
+
         try:
             for piece in text_pieces(path, self.cfg.data, name, tokenized, encoding):
-                pieces.append(np.fromiter((index.get(w, unk) for w in piece), np.int64, len(piece)))
+                held.append(np.fromiter((index.get(w, unk) for w in piece), np.int64, len(piece)))
                 unknown.update(w for w in piece if w not in index)
                 words += sum(w not in (END_OF_PARAGRAPH, END_OF_TEXT) for w in piece)
+                while sum(map(len, held)) > part and words:  # a part is scored once the text has words
+                    ids = np.concatenate(held)
+                    yield scored(ids[:part])
+                    before, held, unknown = ids[part - (reach or 0) : part], [ids[part:]], Counter()
+                    gc.collect()  # the part's Trainer and arrays: few objects in cycles, that no count would collect
         except OSError as error:
             raise NplmError(f"{name}: cannot read ({error.strerror or error})") from None
         if not words:
             raise NplmError(f"{name}: no words in it (an empty or blank file): nothing to score")
-        ids = torch.from_numpy(np.concatenate(pieces))
-        corpus = Corpus(self.corpus.name, self.corpus.vocab, ids, {TEXT: (0, len(ids))}, texts=(path.name,))
-        return Tokens(corpus, TEXT, int((ids == unk).sum()), 1, unknown)
+        yield scored(np.concatenate(held))
+
+    def reach(self) -> int | None:
+        return self.family.reach(self)
 
     def logprob(self, tokens: Tokens) -> np.ndarray:
         """ln P of every token, as the run's family scores a recorded run (`score_run`): float64 from a count or a
