@@ -91,9 +91,11 @@ def fork_workers_from(module: str) -> None:
     """A sweep's joblib workers (hydra/launcher=parallel) are forked from one server process that imported `module`
     once (multiprocessing's forkserver, one of loky's start methods), not each started afresh: each saves the 6-7 s
     of CPU that importing torch, Lightning and MLflow takes. The server starts with the sweep's first worker and ends
-    with the sweep. Each worker is still a process of its own, with its own threads and signal handlers."""
-    set_start_method("forkserver", force=True)
-    multiprocessing.set_forkserver_preload([module])
+    with the sweep. Each worker is still a process of its own, with its own threads and signal handlers. Where there
+    is no forkserver (Windows), loky's own start method stays."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        set_start_method("forkserver", force=True)
+        multiprocessing.set_forkserver_preload([module])
 
 
 def cli(main: Callable[[], Any], traceback_env: str = HYDRA_TRACEBACK) -> Callable[[], None]:
