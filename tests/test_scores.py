@@ -96,7 +96,8 @@ def test_a_long_text_is_scored_in_parts_each_token_as_in_the_whole_text(
     text takes no longer holds every token's arrays at once (docs/performance.md)."""
     workdir, uri, ids = store
     text = tmp_path / "long.txt"
-    text.write_text("The jury said the Zorblax election was held.\n\nIt said that Fulton County had no trouble.\n\n" * 12)
+    paragraphs = "The jury said the Zorblax election was held.\n\nIt said that Fulton County had no trouble.\n\n"
+    text.write_text(paragraphs * 12)
     scorer = RunScorer(uri, ids[row])
     assert scorer.reach() == reach
     whole, parts = (list(scorer.text(text, part=part)) for part in (10**9, 23))
