@@ -14,8 +14,8 @@ Recipes (`optim.recipe`):
 - `adamw`: AdamW (decay `optim.weight_decay` on matrices only), the rate rising linearly over `optim.warmup` of
   the run's steps, then falling along a cosine to a tenth of `optim.lr` (`optim.cosine_floor`: absent 0.1, 0 to
   zero) at `trainer.max_epochs` (`plateau_factor` null: a fixed budget), or kept until an epoch does not improve
-  validation and then multiplied by
-  `optim.plateau_factor`, the run ended by early stopping (train to convergence, `trainer.max_epochs` a ceiling).
+  validation and then multiplied by `optim.plateau_factor`, the run ended by early stopping (train to convergence,
+  `trainer.max_epochs` a ceiling).
   Without a ceiling (`trainer.max_epochs=-1`) the rise spans the first epoch: the run's length is not known.
   With `optim.anneal_to_time: true` (and `plateau_factor` null) the rise and the cosine run along the time budget
   instead, `trainer.max_time`: the rate reaches a tenth when the fit's seconds (training and validation, the Timer's,
