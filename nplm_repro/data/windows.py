@@ -87,11 +87,13 @@ class WindowBatches:
             yield split_context(self.rows[order[chunk]] if order is not None else self.rows[chunk])
 
 
-def loader(corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = False, seed: int = 0) -> WindowBatches:
-    """Batches of a split: shuffled ones are for training, and are split between DDP's processes."""
+def loader(
+    corpus: Corpus, split: str, n: int, batch_size: int, shuffle: bool = False, seed: int = 0, shard: bool = True
+) -> WindowBatches:
+    """Batches of a split: shuffled ones are for training, and are split between DDP's processes (with `shard`)."""
     start, end = corpus.bounds[split]
     rows = windows(corpus.ids, start, end, n, pad_id=corpus.vocab.index(END_OF_TEXT))
-    return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed, shard=shuffle)
+    return WindowBatches(rows, batch_size, shuffle=shuffle, seed=seed, shard=shuffle and shard)
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,9 @@ class NgramWindows:
     CorpusData builds."""
 
     n: int
+    shard: bool = True  # False: every process reads every training batch (processes that split the output units)
 
     def batches(
         self, corpus: Corpus, split: str, batch_size: int, shuffle: bool = False, seed: int = 0
     ) -> WindowBatches:
-        return loader(corpus, split, self.n, batch_size, shuffle=shuffle, seed=seed)
+        return loader(corpus, split, self.n, batch_size, shuffle=shuffle, seed=seed, shard=self.shard)

@@ -26,8 +26,10 @@ from typing import Any
 import torch
 
 from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.splits import Sizes
 from nplm_repro.data.windows import NgramWindows, WindowBatches
 from nplm_repro.errors import NplmError
+from nplm_repro.models import parallel
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.nplm import NPLM
@@ -42,6 +44,7 @@ class NPLMModule(LanguageModule):
     family = "mlp"
     label = "MLP"
     bench_lines = (*LanguageModule.bench_lines, "baseline", "plain", "mixture")
+    blocks = False  # its processes split the output units (trainer.strategy=parameter_parallel: models/parallel.py)
 
     @classmethod
     def kind(cls, cfg: Any) -> str:
@@ -62,6 +65,7 @@ class NPLMModule(LanguageModule):
             "optim.recipe": one_of("paper", "fast"),
             # the recipes' rate schedules, each on when set (`schedules`); torch drops only by a factor < 1
             "optim.decay_rate": optional(number(0)),
+            "trainer.strategy": one_of("auto", "ddp_spawn", parallel.STRATEGY),  # the last: output units in blocks
         }
 
     @classmethod
@@ -77,6 +81,8 @@ class NPLMModule(LanguageModule):
                 "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
             )
         o = cfg.optim
+        if cfg.trainer.strategy == parallel.STRATEGY:
+            parallel.check_blocks(cfg)
         if o.get("anneal_to_time"):
             raise NplmError(
                 "optim.anneal_to_time is adamw's (the LSTM's and the Transformer's recipe): eq. (1)'s paper and fast "
@@ -89,6 +95,11 @@ class NPLMModule(LanguageModule):
                 f"{o.lr * o.batch_size * o.weight_decay:.3g}: sampled training decays the weights by 1 - that "
                 f"product a step, so it must be < 1 (optim.lr < {1 / (o.batch_size * o.weight_decay):.4g} here)"
             )
+
+    @classmethod
+    def check_sizes(cls, cfg: Any, sizes: Sizes) -> None:
+        super().check_sizes(cfg, sizes)
+        parallel.check_block_sizes(cfg, sizes)
 
     def __init__(
         self,
@@ -135,7 +146,9 @@ class NPLMModule(LanguageModule):
             start, end = corpus.bounds["train"]
             lsi = lsi_features(corpus.ids[start:end].numpy(), corpus.vocab_size, cfg.model.n - 1, cfg.model.m, cfg.seed)
         architecture |= word_classes(cfg.model, corpus)
-        return cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, **architecture)
+        module = cls(vocab_size=corpus.vocab_size, optim=dict(cfg.optim), lsi=lsi, **architecture)
+        module.blocks = cfg.trainer.get("strategy") == parallel.STRATEGY
+        return module
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:
         """Log-probabilities log P(w | context), [batch, |V|], from float32 logits."""
@@ -144,8 +157,9 @@ class NPLMModule(LanguageModule):
 
     @property
     def reads(self) -> NgramWindows:
-        """Eq. (1) reads windows of n words (data/windows.py)."""
-        return NgramWindows(self.model.n)
+        """Eq. (1) reads windows of n words (data/windows.py); each process its own batches under DDP, every process
+        every batch when they split the output units (`blocks`)."""
+        return NgramWindows(self.model.n, shard=not self.blocks)
 
     def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
         need = self.context_needed
@@ -197,6 +211,26 @@ class NPLMModule(LanguageModule):
         rows = batches.rows.cpu()
         return rows[:, -2], rows[:, -1]
 
+    # trainer.strategy=parameter_parallel (models/parallel.py): each process keeps its block of the output units
+    def configure_model(self) -> None:
+        if self.device_mesh is not None and not parallel.is_blocked(self.model):
+            parallel.block(self.model, self.device_mesh)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return parallel.on_mesh(batch, self.model) if parallel.is_blocked(self.model) else batch
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if parallel.is_blocked(self.model):
+            self.layer = parallel.BlockSoftmax()
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        with parallel.blocked_loss(self.model):
+            super().backward(loss, *args, **kwargs)
+
+    def on_fit_end(self) -> None:
+        parallel.unblock(self.model)  # the whole weights, which the spawned processes hand back
+
     def plain_loop(self, precision: str, batches: WindowBatches) -> SampledLoop | ExactLoop:
         """This module's training step on `batches` as the simplest loop that computes the same (models/plain_loop.py):
         nplm-bench's floor. Eq. (1)'s own output layer only: the energy network's step is its own."""
@@ -217,11 +251,12 @@ class NPLMModule(LanguageModule):
             {"params": self.model.decayed() + [p for c in layer for p in c.Kc], "weight_decay": o["weight_decay"]},
             {"params": self.model.biases() + [c.bc for c in layer], "weight_decay": 0.0},
         ]
-        batch = o["batch_size"] * self.trainer.world_size  # DDP averages the processes' gradients: one batch of W x B
+        # DDP averages the processes' gradients: one batch of W x B; processes that split the output units, one of B
+        batch = o["batch_size"] * parallel.data_parallel_size(self.trainer)
         # lr is per training word (module doc); fused: decay and step in one pass over each weight, not three
         if training_of(o).sampled:  # sparse gradients: the same update, on the sampled rows only
             # the word rows' decay waits until a step reads the row (SparseSGD)
             optimizer = SparseSGD(groups, lr=o["lr"] * batch, lazy=self.model.word_rows())
         else:
-            optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=True)
+            optimizer = torch.optim.SGD(groups, lr=o["lr"] * batch, fused=not parallel.is_blocked(self.model))
         return [optimizer], schedules(optimizer, o.get("decay_rate"), o.get("plateau_factor"), batch)

@@ -77,6 +77,13 @@ class FitClock(Callback):
             return
         pl_module.log("fit_seconds_epoch", timer.time_elapsed("train"))
 
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The fit's cost, epochs trained and seconds in fit (training and validation, across resumes), among the
+        trainer's callback metrics: what processes spawned for several devices hand back to the job's (`fit_cost`)."""
+        timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+        cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
+        trainer.callback_metrics.update({k: torch.tensor(v, dtype=torch.float64) for k, v in cost.items()})
+
 
 class StopReason(Callback):
     """What ended the fit, logged at its end as the metric `<why>_epoch` (the epochs trained), as a search's trial logs
@@ -219,10 +226,9 @@ def train_neural(
     settings = at_least_one_batch(cfg.trainer, limit_train_batches=train, limit_val_batches=valid)
     trainer = L.Trainer(**settings, logger=logger, callbacks=[*fit_callbacks(cfg), keep])
     trainer.fit(module, datamodule=data, ckpt_path=resume_from)
-    # the report's costs, read before `test` restores the best checkpoint (and with it the Timer's past time):
-    # epochs trained and seconds in fit (training and validation), across resumes
-    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
-    cost = {"epochs": float(trainer.current_epoch), "fit_seconds": timer.time_elapsed("train")}
+    # the report's costs (FitClock's), read before `test` restores the best checkpoint (and with it the Timer's past
+    # time): epochs trained and seconds in fit (training and validation), across resumes
+    cost = {k: float(trainer.callback_metrics[k]) for k in ("epochs", "fit_seconds")}
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_path if isinstance(checkpoint, ModelCheckpoint) else ""
     module.score_as(scored)

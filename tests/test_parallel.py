@@ -1,0 +1,148 @@
+"""The paper's §3.2, parameter-parallel training (trainer.strategy=parameter_parallel, models/parallel.py): M processes
+that each own a block of eq. (1)'s output units train the model one process trains, as one ordinary run. Real
+Hydra composition, real spawned processes (gloo), a real MLflow store, on tests/data/tiny_brown.zip."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import lightning as L
+import psutil
+import pytest
+from helpers import STACKS, check_loaded_model, composed, console_script, data_slice, ends_within, run_command
+from lightning.pytorch.loggers import CSVLogger
+from mlflow.tracking import MlflowClient
+
+from nplm_repro.data.load import load_corpus
+from nplm_repro.data.splits import Sizes
+from nplm_repro.errors import NplmError
+from nplm_repro.models.lightning_module import NPLMModule
+from nplm_repro.models.training import train_neural
+from nplm_repro.tracking.config_checks import check_config
+
+SMALL = [*data_slice(6_000, 2_000, 2_000), "experiment=mlp1", "model.m=8", "model.h=10", "trainer.precision=32-true"]
+SMALL += ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false"]
+BLOCKS = ["trainer.strategy=parameter_parallel", "trainer.devices=2"]
+BLOCKS_VALUES = ("parameter_parallel", "2")  # as the run records them
+TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two processes need two cores")
+
+
+@TWO_CORES
+@pytest.mark.parametrize("direct", ["true", "false"])
+def test_two_processes_splitting_the_output_units_train_what_one_process_trains(
+    direct: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
+    """Same seed, same batches: after 2 epochs valid and test perplexities agree within 1e-4 relative (they differ
+    only in the order of float sums), each arm is one MLflow run (not one per process) with its epochs and fit
+    seconds, and the two-process run's Model loads and answers in one process."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = [f"data.path={tiny_brown_path}", *SMALL, f"model.direct={direct}", "trainer.max_epochs=2"]
+    for arm in (BLOCKS, []):
+        done = run_command([console_script("nplm-train"), *common, *arm, f"tracking.uri={uri}"], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id], order_by=["start_time ASC"])
+    assert len(runs) == 2
+    blocked, one = runs
+    assert (blocked.data.params["trainer.strategy"], blocked.data.params["trainer.devices"]) == BLOCKS_VALUES
+    for split in ("valid", "test"):
+        assert blocked.data.metrics[f"{split}_tokens"] == one.data.metrics[f"{split}_tokens"] == 2_000
+        assert blocked.data.metrics[f"{split}_ppl"] == pytest.approx(one.data.metrics[f"{split}_ppl"], rel=1e-4)
+    for run in runs:
+        assert run.info.status == "FINISHED" and run.data.metrics["epochs"] == 2 and run.data.metrics["fit_seconds"] > 0
+    check_loaded_model(uri, blocked.info.run_id, "it was in the", tmp_path)
+
+
+@TWO_CORES
+def test_a_checkpoint_resumes_with_another_number_of_processes(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """Checkpoints are whole: epoch 1 on two processes then epoch 2 on one, and epoch 1 on one then epoch 2 on two,
+    both end where two epochs on one process end."""
+    base = [f"data.path={tiny_brown_path}", *SMALL, "callbacks.early_stopping.patience=5"]
+    corpus = load_corpus(composed(*base).data)
+
+    def fit(arm: list[str], epochs: int, name: str, resume: Path | None = None) -> tuple[dict[str, float], Path]:
+        folder = tmp_path / name
+        cfg = composed(*base, *arm, f"trainer.max_epochs={epochs}", f"callbacks.model_checkpoint.dirpath={folder}")
+        L.seed_everything(cfg.seed, workers=True)  # as a job is seeded (tracking/ledger.py)
+        metrics, _ = train_neural(cfg, corpus, CSVLogger(tmp_path, name=name), resume_from=resume)
+        return metrics, folder / "last.ckpt"
+
+    whole, _ = fit([], 2, "whole")
+    _, two_first = fit(BLOCKS, 1, "two_first")
+    _, one_first = fit([], 1, "one_first")
+    for first, then in ((two_first, []), (one_first, BLOCKS)):
+        resumed, _ = fit(then, 2, f"then_{len(then)}", resume=first)
+        assert resumed["epochs"] == 2
+        for split in ("valid", "test"):
+            assert resumed[f"{split}_ppl"] == pytest.approx(whole[f"{split}_ppl"], rel=1e-4), (first, split)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["optim=sampled", "trainer.devices=1"], "trains the exact softmax (optim=fast or paper)"),
+        (["model.output=classes"], "model.output=classes has no such layer"),
+        (["trainer.precision=bf16-mixed"], "trains in float32: trainer.precision=bf16-mixed"),
+        (["trainer.devices=4096"], "trainer.devices=4096 and threads=1 needs 4096 cores"),
+        (["trainer.devices=1", "threads=4096"], "needs 4096 cores (one process a core at least)"),
+        (["experiment=lstm"], "trainer.strategy='parameter_parallel' is invalid: expected auto or ddp_spawn"),
+    ],
+)
+def test_what_parameter_parallel_training_cannot_train_is_refused(overrides: list[str], error: str) -> None:
+    with pytest.raises(NplmError, match=re.escape(error)):
+        check_config(composed(*BLOCKS, *overrides, "trainer.accelerator=cpu"))
+
+
+def test_more_processes_than_words_is_refused() -> None:
+    cfg = composed("trainer.strategy=parameter_parallel", "trainer.devices=3")
+    with pytest.raises(NplmError, match="trainer.devices=3: more processes than the 2 words of the training split"):
+        NPLMModule.check_sizes(cfg, Sizes(train=10, words=2, read=True))
+    NPLMModule.check_sizes(cfg, Sizes(train=10, words=3, read=True))
+
+
+def test_a_refused_parallel_run_is_one_line_and_writes_no_store(tiny_brown_path: Path, tmp_path: Path) -> None:
+    command = [console_script("nplm-train"), f"data.path={tiny_brown_path}", *BLOCKS, "model.output=classes"]
+    done = run_command([*command, f"tracking.uri=sqlite:///{tmp_path}/m.db"], cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "has no such layer" in lines[0], done.stderr[-2000:]
+    assert not (tmp_path / "m.db").exists()
+
+
+@TWO_CORES
+def test_a_process_that_dies_mid_epoch_ends_the_run_failed_naming_it(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """SIGKILL to the second process once an epoch has been validated: the job ends within 60 s (no process waits
+    forever on a collective), its last line names the process, and its run is FAILED."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = [f"data.path={tiny_brown_path}", *SMALL, "trainer.max_epochs=500", "callbacks.early_stopping.patience=500"]
+    log = tmp_path / "train.log"
+    with log.open("w") as out:
+        job = subprocess.Popen(
+            [console_script("nplm-train"), *common, *BLOCKS, f"tracking.uri={uri}"],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **STACKS},
+        )
+    client = MlflowClient(uri)
+    while not (tmp_path / "mlflow.db").exists() or not validated(client):
+        assert job.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.5)
+    spawned = [p for p in psutil.Process(job.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    assert len(spawned) == 2
+    max(spawned, key=lambda p: p.create_time()).kill()  # spawned second: process 1
+    assert ends_within(job, 60, log) != 0
+    assert "process 1 terminated with signal SIGKILL" in log.read_text().strip().splitlines()[-1]
+    (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def validated(client: MlflowClient) -> bool:
+    """Whether the store's run has logged a validation perplexity (an epoch has been trained)."""
+    experiment = client.get_experiment_by_name("brown")
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
+    return bool(runs) and "valid_ppl_epoch" in runs[0].data.metrics
