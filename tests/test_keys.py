@@ -63,3 +63,18 @@ def test_a_sampled_run_keeps_its_key() -> None:
         "24269bad12448644",
         "72726c1a6159c1ef",
     )
+
+
+def test_processes_that_split_the_output_units_are_not_ddp_with_as_many() -> None:
+    """ddp_spawn's trainer.devices=2 takes two batches a step, parameter_parallel's trains one process's steps: two
+    configs, two keys; auto and ddp_spawn on one device compute the same, one key."""
+    keys = {
+        strategy: config_key(composed("experiment=mlp5", f"trainer.strategy={strategy}", devices), "0123456789abcdef")
+        for strategy, devices in (("auto", "trainer.devices=1"), ("ddp_spawn", "trainer.devices=1"))
+    }
+    assert keys["auto"] == keys["ddp_spawn"]
+    ddp, blocks = (
+        config_key(composed("experiment=mlp5", f"trainer.strategy={s}", "trainer.devices=2"), "0123456789abcdef")
+        for s in ("ddp_spawn", "parameter_parallel")
+    )
+    assert ddp != blocks

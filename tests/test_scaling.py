@@ -144,6 +144,7 @@ def test_ddp_on_two_cpu_processes_trains_as_one_process_with_their_batches_toget
     runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id], order_by=["start_time ASC"])
     two, one = (r.data for r in runs)
     assert (two.params["trainer.devices"], one.params["trainer.devices"]) == ("2", "1")
+    assert two.metrics["epochs"] == 2 and two.metrics["fit_seconds"] > 0  # handed back by the spawned processes
     for split in ("train", "valid", "test"):
         assert two.metrics[f"{split}_tokens"] == one.metrics[f"{split}_tokens"]  # every token scored once
         assert abs(two.metrics[f"{split}_ppl"] / one.metrics[f"{split}_ppl"] - 1) < 0.005, split

@@ -41,10 +41,15 @@ BOOKKEEPING = (
     "data.split.test_path",
     "data.eval_batch_size",
     "trainer.enable_progress_bar",
-    "trainer.strategy",  # auto and ddp_spawn give the same steps for the same trainer.devices
+    "trainer.strategy",  # auto and ddp_spawn give the same steps for the same trainer.devices (but STEPS_OF_ITS_OWN)
     "callbacks.progress_bar",
     "callbacks.model_checkpoint.dirpath",
 )
+
+
+# Strategies whose steps are their own, kept in config_key: parameter_parallel's M processes each read every batch
+# (models/parallel.py), so its trainer.devices=2 is not DDP's two batches a step
+STEPS_OF_ITS_OWN = ("parameter_parallel",)
 
 
 def family(model: DictConfig) -> str:
@@ -113,6 +118,8 @@ def config_key(cfg: DictConfig, fingerprint: str, components: Sequence[str] = ()
         node = functools.reduce(lambda d, k: d.get(k) or {}, path, kept)
         node.pop(last, None)
     resolved = OmegaConf.to_container(OmegaConf.create(kept), resolve=True)
+    if (strategy := OmegaConf.select(cfg, "trainer.strategy")) in STEPS_OF_ITS_OWN:
+        resolved["trainer"]["strategy"] = strategy
     keyed: dict[str, Any] = {"config": resolved, "data": fingerprint}
     if components:  # absent otherwise: every other run keeps its key
         keyed["components"] = list(components)
