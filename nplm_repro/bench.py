@@ -48,7 +48,10 @@ dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 oth
 - ngram: fit on train and score train, valid and test, for each row in `bench.ngram_rows` (`fit_seconds` and
   `score_seconds`: the median pass's parts; a class row's first pass may include its clustering, before the cache);
 - mixture (eq. (1) only): the MLP's probability of every valid and test token (`probs` lines), then EM of the
-  learned and context-conditioned mixtures with the interpolated trigram on valid and scoring valid and test.
+  learned and context-conditioned mixtures with the interpolated trigram on valid and scoring valid and test;
+- parallel (eq. (1) only, not by default): the paper's §3.2, its output units in blocks over M processes of one
+  thread each, for each M of `bench.processes` up to the machine's cores: tokens/s, its speed-up over M = 1
+  (`x_M1`) and the share of a step's time in the collectives (`communication_share`; models/parallel_speed.py).
 A family's lines are its `bench_lines`; the others of `bench.what` are skipped with a note on stderr.
 Run it on a quiet machine: numbers move with load, which is why each line is measured in the same run.
 """
@@ -58,6 +61,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -79,6 +83,7 @@ from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.outputs import TRAININGS, output_of, training_of
+from nplm_repro.models.parallel_speed import blocked_rate
 from nplm_repro.models.precision import PRECISIONS, job_precision
 from nplm_repro.models.speed import (
     PlainFloor,
@@ -171,8 +176,20 @@ def _probs_pass(cfg: DictConfig, module: LanguageModule, corpus: Corpus, split: 
     return probs, len(probs)
 
 
-MEASURES = ("matmul", "baseline", "plain", "train", "sampled", "profile", "classes", "eval", "mixture", "ngram")
-LISTS = ("what", "precisions", "ngram_rows")  # the bench keys that are lists
+MEASURES = (
+    "matmul",
+    "baseline",
+    "plain",
+    "train",
+    "sampled",
+    "profile",
+    "classes",
+    "eval",
+    "mixture",
+    "ngram",
+    "parallel",
+)
+LISTS = ("what", "precisions", "ngram_rows", "processes")  # the bench keys that are lists
 
 
 def check_bench(b: DictConfig) -> None:
@@ -326,6 +343,21 @@ def bench(cfg: DictConfig) -> None:
         bench_mixture(cfg, corpus, mlp)
     if "ngram" in what:
         bench_ngrams(cfg, corpus)
+    if "parallel" in what:
+        bench_parallel(OmegaConf.merge(exact, {"trainer": {"precision": "32-true"}}), corpus, shape)
+
+
+def bench_parallel(cfg: DictConfig, corpus: Corpus, shape: dict[str, Any]) -> None:
+    """The parameter-parallel step on each number of processes of `bench.processes` the cores allow."""
+    cores, alone = len(os.sched_getaffinity(0)), None
+    for processes in cfg.bench.processes:
+        if processes > cores:
+            log.info("bench.processes: no line for %d processes on %d cores", processes, cores)
+            continue
+        result = blocked_rate(cfg, corpus, processes)
+        alone = result["tokens_per_s"] if processes == 1 else alone
+        speedup = {"x_M1": result["tokens_per_s"] / alone} if alone else {}
+        emit(f"parallel M={processes}", **result, **speedup, processes=processes, threads=1, **shape)
 
 
 @hydra.main(config_path="pkg://nplm_repro.conf", config_name="bench", version_base="1.3")

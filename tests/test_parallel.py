@@ -4,6 +4,7 @@ Hydra composition, real spawned processes (gloo), a real MLflow store, on tests/
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -32,15 +33,15 @@ TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two pro
 
 
 @TWO_CORES
-@pytest.mark.parametrize("direct", ["true", "false"])
 def test_two_processes_splitting_the_output_units_train_what_one_process_trains(
-    direct: str, tiny_brown_path: Path, tmp_path: Path
+    tiny_brown_path: Path, tmp_path: Path
 ) -> None:
-    """Same seed, same batches: after 2 epochs valid and test perplexities agree within 1e-4 relative (they differ
-    only in the order of float sums), each arm is one MLflow run (not one per process) with its epochs and fit
-    seconds, and the two-process run's Model loads and answers in one process."""
+    """Same seed, same batches, direct connections on: after 2 epochs valid and test perplexities agree within 1e-4
+    relative (they differ only in the order of float sums), each arm is one MLflow run (not one per process) with its
+    epochs and fit seconds, and the two-process run's Model loads and answers in one process. Without direct
+    connections: the next test."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    common = [f"data.path={tiny_brown_path}", *SMALL, f"model.direct={direct}", "trainer.max_epochs=2"]
+    common = [f"data.path={tiny_brown_path}", *SMALL, "trainer.max_epochs=2"]
     for arm in (BLOCKS, []):
         done = run_command([console_script("nplm-train"), *common, *arm, f"tracking.uri={uri}"], cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -59,9 +60,10 @@ def test_two_processes_splitting_the_output_units_train_what_one_process_trains(
 
 @TWO_CORES
 def test_a_checkpoint_resumes_with_another_number_of_processes(tiny_brown_path: Path, tmp_path: Path) -> None:
-    """Checkpoints are whole: epoch 1 on two processes then epoch 2 on one, and epoch 1 on one then epoch 2 on two,
-    both end where two epochs on one process end."""
-    base = [f"data.path={tiny_brown_path}", *SMALL, "callbacks.early_stopping.patience=5"]
+    """Without direct connections (dL/dx then comes through the hidden layer alone): two epochs on two processes end
+    where two epochs on one end; and checkpoints are whole: epoch 1 on two processes then epoch 2 on one, and epoch 1
+    on one then epoch 2 on two, end there too. Trained as a job trains (`train_neural`), seeded as a job is."""
+    base = [f"data.path={tiny_brown_path}", *SMALL, "model.direct=false", "callbacks.early_stopping.patience=5"]
     corpus = load_corpus(composed(*base).data)
 
     def fit(arm: list[str], epochs: int, name: str, resume: Path | None = None) -> tuple[dict[str, float], Path]:
@@ -72,13 +74,15 @@ def test_a_checkpoint_resumes_with_another_number_of_processes(tiny_brown_path: 
         return metrics, folder / "last.ckpt"
 
     whole, _ = fit([], 2, "whole")
+    ends = {"on two": fit(BLOCKS, 2, "whole_on_two")[0]}
     _, two_first = fit(BLOCKS, 1, "two_first")
     _, one_first = fit([], 1, "one_first")
-    for first, then in ((two_first, []), (one_first, BLOCKS)):
-        resumed, _ = fit(then, 2, f"then_{len(then)}", resume=first)
-        assert resumed["epochs"] == 2
+    ends["two, then one"] = fit([], 2, "then_one", resume=two_first)[0]
+    ends["one, then two"] = fit(BLOCKS, 2, "then_two", resume=one_first)[0]
+    for name, end in ends.items():
+        assert end["epochs"] == 2
         for split in ("valid", "test"):
-            assert resumed[f"{split}_ppl"] == pytest.approx(whole[f"{split}_ppl"], rel=1e-4), (first, split)
+            assert end[f"{split}_ppl"] == pytest.approx(whole[f"{split}_ppl"], rel=1e-4), (name, split)
 
 
 @pytest.mark.parametrize(
@@ -146,3 +150,19 @@ def validated(client: MlflowClient) -> bool:
     experiment = client.get_experiment_by_name("brown")
     runs = client.search_runs([experiment.experiment_id]) if experiment else []
     return bool(runs) and "valid_ppl_epoch" in runs[0].data.metrics
+
+
+@TWO_CORES
+def test_the_bench_times_the_blocks_on_one_and_two_processes(tiny_brown_path: Path, tmp_path: Path) -> None:
+    """nplm-bench's parallel lines: tokens/s on M = 1 and 2 processes, the speed-up over M = 1, and the share of a step
+    in collectives, which two processes cannot do without."""
+    bench = [console_script("nplm-bench"), f"data.path={tiny_brown_path}", *SMALL, "bench.what=[parallel]"]
+    done = run_command([*bench, "bench.min_seconds=0.2", "bench.repeats=1", "bench.warmup=1"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = {line["what"]: line for line in map(json.loads, done.stdout.strip().splitlines())}
+    assert list(lines) == ["parallel M=1", "parallel M=2"]
+    one, two = lines.values()
+    assert one["x_M1"] == 1 and two["x_M1"] == pytest.approx(two["tokens_per_s"] / one["tokens_per_s"], rel=1e-2)
+    assert (one["processes"], two["processes"], two["threads"]) == (1, 2, 1)
+    assert all(line["tokens_per_s"] > 0 and 0 <= line["communication_share"] < 1 for line in lines.values())
+    assert two["communication_share"] > 0

@@ -43,7 +43,7 @@ from nplm_repro.rules import Rule, at_least, flag, number, one_of, optional
 class NPLMModule(LanguageModule):
     family = "mlp"
     label = "MLP"
-    bench_lines = (*LanguageModule.bench_lines, "baseline", "plain", "mixture")
+    bench_lines = (*LanguageModule.bench_lines, "baseline", "plain", "mixture", "parallel")
     blocks = False  # its processes split the output units (trainer.strategy=parameter_parallel: models/parallel.py)
 
     @classmethod

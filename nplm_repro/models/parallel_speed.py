@@ -1,0 +1,100 @@
+"""nplm-bench's `parallel` lines: eq. (1)'s parameter-parallel training step (models/parallel.py) on M processes of
+one thread each, on the corpus's training windows, every process taking every step.
+
+A line gives the job's tokens/s (process 0's Clock, in the bench's rounds; every process ends a round with it) and
+the communication share: of the wall time of PROFILED_STEPS further steps under torch.profiler, the part spent in the
+collectives (their calls and the waits for them, `COLLECTIVES`), the paper's "communication overhead" (1/15 of an
+epoch's time on its cluster). With M = 1 the blocks are the whole layer, and DTensor's bookkeeping is the only cost
+over ordinary training. The processes are spawned and talk over gloo on this machine's loopback.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import DictConfig
+from torch.distributed.device_mesh import init_device_mesh
+from torch.profiler import ProfilerActivity, profile
+
+from nplm_repro.clock import Clock
+from nplm_repro.data.corpus import Corpus
+from nplm_repro.data.windows import NgramWindows
+from nplm_repro.models.parallel import MESH, BlockSoftmax, block, blocked_loss, on_mesh
+from nplm_repro.models.training import build_module
+
+PROFILED_STEPS = 20
+# the profiler's names of a collective's call and of the wait for its result (DTensor's are asynchronous)
+COLLECTIVES = ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter", "wait_tensor")
+
+
+def blocked_rate(cfg: DictConfig, corpus: Corpus, processes: int) -> dict[str, Any]:
+    """The `parallel` line's numbers for `processes` processes (the module doc)."""
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_steps, args=(processes, _free_port(), cfg, corpus, results), nprocs=processes, join=True)
+    return results.get()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _steps(rank: int, processes: int, port: int, cfg: DictConfig, corpus: Corpus, results: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=processes)
+    try:
+        L.seed_everything(cfg.seed, verbose=False)
+        module = build_module(cfg, corpus)
+        model = module.model
+        block(model, init_device_mesh("cpu", (1, processes), mesh_dim_names=("data_parallel", MESH)))
+        groups = [
+            {"params": model.decayed(), "weight_decay": cfg.optim.weight_decay},
+            {"params": model.biases(), "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.SGD(groups, lr=cfg.optim.lr * cfg.optim.batch_size)  # module.configure_optimizers'
+        layer, batches = BlockSoftmax(), _forever(cfg, corpus, model.n)
+
+        def step() -> int:
+            batch = on_mesh(next(batches), model)
+            head = module.head(batch, training=True)
+            loss = layer.loss(head)
+            with blocked_loss(model):  # as the module's `backward`
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return len(head.target)
+
+        clock, done = Clock(cfg.bench.warmup, cfg.bench.min_seconds, cfg.bench.repeats), torch.zeros(1)
+        while not done.item():
+            tokens = step()
+            done.fill_(float(clock.tick(tokens)) if rank == 0 else 0.0)
+            dist.broadcast(done, 0)  # every process ends with process 0's last round
+        with profile(activities=[ProfilerActivity.CPU]) as profiled:
+            start = time.perf_counter()
+            for _ in range(PROFILED_STEPS):
+                step()
+            wall = time.perf_counter() - start
+        waits = [e for e in profiled.key_averages() if any(name in e.key.lower() for name in COLLECTIVES)]
+        communication = sum(e.self_cpu_time_total for e in waits) / 1e6
+        if rank == 0:
+            results.put(
+                clock.report("steps")
+                | {"communication_share": communication / wall, "ms_per_step_profiled": wall / PROFILED_STEPS * 1e3}
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def _forever(cfg: DictConfig, corpus: Corpus, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The training windows in batches, every process the same, pass after pass (each reshuffled)."""
+    batches = NgramWindows(n, shard=False).batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
+    while True:
+        yield from batches
