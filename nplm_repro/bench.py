@@ -51,7 +51,9 @@ dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 oth
   learned and context-conditioned mixtures with the interpolated trigram on valid and scoring valid and test;
 - parallel (eq. (1) only, not by default): the paper's §3.2, its output units in blocks over M processes of one
   thread each, for each M of `bench.processes` up to the machine's cores: tokens/s, its speed-up over M = 1
-  (`x_M1`) and the share of a step's time in the collectives (`communication_share`; models/parallel_speed.py).
+  (`x_M1`) and the share of a step's time in the collectives (`communication_share`; models/parallel_speed.py);
+  for each M > 1 an `allreduce` line: one Allreduce's median time at several sizes, and the latency and bandwidth
+  fitted to them. Every line of a trained family gives `output_share`, the output layer's share of its FLOPs.
 A family's lines are its `bench_lines`; the others of `bench.what` are skipped with a note on stderr.
 Run it on a quiet machine: numbers move with load, which is why each line is measured in the same run.
 """
@@ -83,7 +85,7 @@ from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
 from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.outputs import TRAININGS, output_of, training_of
-from nplm_repro.models.parallel_speed import blocked_rate
+from nplm_repro.models.parallel_speed import allreduce_times, blocked_rate
 from nplm_repro.models.precision import PRECISIONS, job_precision
 from nplm_repro.models.speed import (
     PlainFloor,
@@ -239,6 +241,8 @@ def bench(cfg: DictConfig) -> None:
     unused = {"_target_", "mix", "output", "classes", "class_method"}
     shape = {"family": probe.family, **{k: v for k, v in cfg.model.items() if k not in unused}}
     shape |= {"vocab_size": corpus.vocab_size, "tokens_per_step": tokens}
+    # the output layer's share of a token's multiply-adds (the paper's 99.7% for its AP network)
+    shape["output_share"] = 1 - probe.flops_per_token(0) / probe.flops_per_token(corpus.vocab_size)
     vocab = corpus.vocab_size
     train_flops = 3 * probe.flops_per_token(vocab)
     rates = matmul_rates(cfg, vocab, tokens, probe.output_width)  # the lines' ceilings
@@ -358,6 +362,8 @@ def bench_parallel(cfg: DictConfig, corpus: Corpus, shape: dict[str, Any]) -> No
         alone = result["tokens_per_s"] if processes == 1 else alone
         speedup = {"x_M1": result["tokens_per_s"] / alone} if alone else {}
         emit(f"parallel M={processes}", **result, **speedup, processes=processes, threads=1, **shape)
+        if processes > 1:
+            emit(f"allreduce M={processes}", **allreduce_times(processes), processes=processes)
 
 
 @hydra.main(config_path="pkg://nplm_repro.conf", config_name="bench", version_base="1.3")

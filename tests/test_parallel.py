@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ SMALL = [*data_slice(6_000, 2_000, 2_000), "experiment=mlp1", "model.m=8", "mode
 SMALL += ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false"]
 BLOCKS = ["trainer.strategy=parameter_parallel", "trainer.devices=2"]
 BLOCKS_VALUES = ("parameter_parallel", "2")  # as the run records them
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two processes need two cores")
 
 
@@ -160,9 +162,31 @@ def test_the_bench_times_the_blocks_on_one_and_two_processes(tiny_brown_path: Pa
     done = run_command([*bench, "bench.min_seconds=0.2", "bench.repeats=1", "bench.warmup=1"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = {line["what"]: line for line in map(json.loads, done.stdout.strip().splitlines())}
-    assert list(lines) == ["parallel M=1", "parallel M=2"]
-    one, two = lines.values()
+    assert list(lines) == ["parallel M=1", "parallel M=2", "allreduce M=2"]
+    one, two, allreduce = lines.values()
+    assert allreduce["latency_us"] > 0 and allreduce["bandwidth_gb_per_s"] > 0 and len(allreduce["us"]) == 5
     assert one["x_M1"] == 1 and two["x_M1"] == pytest.approx(two["tokens_per_s"] / one["tokens_per_s"], rel=1e-2)
     assert (one["processes"], two["processes"], two["threads"]) == (1, 2, 1)
-    assert all(line["tokens_per_s"] > 0 and 0 <= line["communication_share"] < 1 for line in lines.values())
-    assert two["communication_share"] > 0
+    assert all(line["tokens_per_s"] > 0 and 0 <= line["communication_share"] < 1 for line in (one, two))
+    assert two["communication_share"] > 0 and 0 < one["output_share"] < 1
+    (tmp_path / "bench.jsonl").write_text(done.stdout)
+    figure = tmp_path / "projection.svg"
+    script = [sys.executable, str(SCRIPTS / "parallel_projection.py"), str(tmp_path / "bench.jsonl")]
+    projected = run_command([*script, "--figure", str(figure)], cwd=tmp_path)
+    assert projected.returncode == 0, projected.stderr
+    table = projected.stdout.strip().splitlines()
+    assert len(table) == 4 and table[2].startswith("| measured row (|V| = 384, h = 10)") and "AP network" in table[3]
+    assert table[2].split(" | ")[1] == "1.00 (0%)"  # one process: all of it, no communication
+    assert figure.read_text().startswith("<?xml")
+    (tmp_path / "empty.jsonl").write_text("")
+    refused = run_command(
+        [sys.executable, str(SCRIPTS / "parallel_projection.py"), str(tmp_path / "empty.jsonl")], cwd=tmp_path
+    )
+    assert refused.returncode == 2 and "has no 'parallel M=1' and 'allreduce M=2' lines" in refused.stderr
+    (tmp_path / "log.txt").write_text("Epoch 0: 100%\n")
+    garbled = run_command([sys.executable, str(SCRIPTS / "parallel_projection.py"), "log.txt"], cwd=tmp_path)
+    assert (
+        garbled.returncode == 2
+        and garbled.stderr.count("\n") == 1
+        and "is not nplm-bench's JSON lines" in garbled.stderr
+    )

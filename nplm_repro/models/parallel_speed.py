@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -32,6 +33,9 @@ from nplm_repro.models.training import build_module
 PROFILED_STEPS = 20
 # the profiler's names of a collective's call and of the wait for its result (DTensor's are asynchronous)
 COLLECTIVES = ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter", "wait_tensor")
+# float32 values an Allreduce sums in the `allreduce` line: one, a batch's maxima or normalisers (256), its dL/da at
+# h = 100, its dL/dx at (n - 1) m = 400, and larger, for the bandwidth
+ALLREDUCE_SIZES = (1, 256, 25_600, 102_400, 1_048_576)
 
 
 def blocked_rate(cfg: DictConfig, corpus: Corpus, processes: int) -> dict[str, Any]:
@@ -39,6 +43,41 @@ def blocked_rate(cfg: DictConfig, corpus: Corpus, processes: int) -> dict[str, A
     results = mp.get_context("spawn").SimpleQueue()
     mp.spawn(_steps, args=(processes, _free_port(), cfg, corpus, results), nprocs=processes, join=True)
     return results.get()
+
+
+def allreduce_times(processes: int, sizes: tuple[int, ...] = ALLREDUCE_SIZES, repeats: int = 50) -> dict[str, Any]:
+    """The median seconds of one Allreduce (a float32 sum) of each size over `processes` processes of this machine,
+    and the line a + bytes / bandwidth fitted to them (least squares): the latency a and the bandwidth, the inputs of
+    docs/performance.md's projection of parameter-parallel training to more processes."""
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_allreduces, args=(processes, _free_port(), sizes, repeats, results), nprocs=processes, join=True)
+    seconds = results.get()
+    fitted = np.polyfit([4.0 * size for size in sizes], seconds, 1)  # seconds = bytes / bandwidth + latency
+    return {
+        "latency_us": fitted[1] * 1e6,
+        "bandwidth_gb_per_s": 1e-9 / fitted[0],
+        "sizes": list(sizes),
+        "us": [t * 1e6 for t in seconds],
+    }
+
+
+def _allreduces(rank: int, processes: int, port: int, sizes: tuple[int, ...], repeats: int, results: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=processes)
+    try:
+        medians = []
+        for size in sizes:
+            values, seconds = torch.ones(size), []
+            for _ in range(repeats + 5):  # the first 5 untimed
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(values)
+                seconds.append(time.perf_counter() - start)
+            medians.append(float(np.median(seconds[5:])))
+        if rank == 0:
+            results.put(medians)
+    finally:
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:
