@@ -53,7 +53,11 @@ dtype the line's products run in (bfloat16 for bf16-mixed's softmax, float32 oth
   thread each, for each M of `bench.processes` up to the machine's cores: tokens/s, its speed-up over M = 1
   (`x_M1`) and the share of a step's time in the collectives (`communication_share`; models/parallel_speed.py);
   for each M > 1 an `allreduce` line: one Allreduce's median time at several sizes, and the latency and bandwidth
-  fitted to them. Every line of a trained family gives `output_share`, the output layer's share of its FLOPs.
+  fitted to them. Then the paper's §3.1, `asynchronous W=` and `asynchronous_locked W=` lines: W processes that
+  share the weights, each on its own batches, lock-free or each update locked: the tokens/s of them all, the
+  speed-up over lock-free W = 1 (`x_W1`) and, locked, the share of the time waiting for the lock
+  (`lock_wait_share`; models/asynchronous_speed.py). Every line of a trained family gives `output_share`, the
+  output layer's share of its FLOPs.
 A family's lines are its `bench_lines`; the others of `bench.what` are skipped with a note on stderr.
 Run it on a quiet machine: numbers move with load, which is why each line is measured in the same run.
 """
@@ -83,6 +87,8 @@ from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError
 from nplm_repro.exits import errors_exit
 from nplm_repro.memory import keep_freed_memory
+from nplm_repro.models.asynchronous import LOCK_FREE, LOCKED
+from nplm_repro.models.asynchronous_speed import shared_rate
 from nplm_repro.models.language_module import LanguageModule
 from nplm_repro.models.outputs import TRAININGS, output_of, training_of
 from nplm_repro.models.parallel_speed import allreduce_times, blocked_rate
@@ -352,7 +358,8 @@ def bench(cfg: DictConfig) -> None:
 
 
 def bench_parallel(cfg: DictConfig, corpus: Corpus, shape: dict[str, Any]) -> None:
-    """The parameter-parallel step on each number of processes of `bench.processes` the cores allow."""
+    """The parameter-parallel step, then the asynchronous one lock-free and locked, on each number of processes of
+    `bench.processes` the cores allow."""
     cores, alone = len(os.sched_getaffinity(0)), None
     for processes in cfg.bench.processes:
         if processes > cores:
@@ -364,6 +371,12 @@ def bench_parallel(cfg: DictConfig, corpus: Corpus, shape: dict[str, Any]) -> No
         emit(f"parallel M={processes}", **result, **speedup, processes=processes, threads=1, **shape)
         if processes > 1:
             emit(f"allreduce M={processes}", **allreduce_times(processes), processes=processes)
+    alone = None  # lock-free on one process
+    for strategy, locked in ((LOCK_FREE, False), (LOCKED, True)):
+        for workers in [w for w in cfg.bench.processes if w <= cores]:
+            result = shared_rate(cfg, corpus, workers, locked)
+            alone = alone or result["tokens_per_s"]
+            emit(f"{strategy} W={workers}", **result, x_W1=result["tokens_per_s"] / alone, workers=workers, **shape)
 
 
 @hydra.main(config_path="pkg://nplm_repro.conf", config_name="bench", version_base="1.3")

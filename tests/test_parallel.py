@@ -30,6 +30,7 @@ SMALL = [*data_slice(6_000, 2_000, 2_000), "experiment=mlp1", "model.m=8", "mode
 SMALL += ["trainer.accelerator=cpu", "trainer.enable_progress_bar=false"]
 BLOCKS = ["trainer.strategy=parameter_parallel", "trainer.devices=2"]
 BLOCKS_VALUES = ("parameter_parallel", "2")  # as the run records them
+SHARED_LINES = ["asynchronous W=1", "asynchronous W=2", "asynchronous_locked W=1", "asynchronous_locked W=2"]
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two processes need two cores")
 
@@ -157,13 +158,20 @@ def validated(client: MlflowClient) -> bool:
 @TWO_CORES
 def test_the_bench_times_the_blocks_on_one_and_two_processes(tiny_brown_path: Path, tmp_path: Path) -> None:
     """nplm-bench's parallel lines: tokens/s on M = 1 and 2 processes, the speed-up over M = 1, and the share of a step
-    in collectives, which two processes cannot do without."""
+    in collectives, which two processes cannot do without; the asynchronous lines, lock-free and locked, on W = 1
+    and 2, with the share of time waiting for the lock; and the projection script's table and figure from them."""
     bench = [console_script("nplm-bench"), f"data.path={tiny_brown_path}", *SMALL, "bench.what=[parallel]"]
     done = run_command([*bench, "bench.min_seconds=0.2", "bench.repeats=1", "bench.warmup=1"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = {line["what"]: line for line in map(json.loads, done.stdout.strip().splitlines())}
-    assert list(lines) == ["parallel M=1", "parallel M=2", "allreduce M=2"]
-    one, two, allreduce = lines.values()
+    assert list(lines) == ["parallel M=1", "parallel M=2", "allreduce M=2", *SHARED_LINES]
+    one, two, allreduce = (lines[what] for what in ("parallel M=1", "parallel M=2", "allreduce M=2"))
+    free_one, free_two, locked_one, locked_two = (lines[what] for what in SHARED_LINES)
+    assert free_one["x_W1"] == 1 and locked_two["x_W1"] == pytest.approx(
+        locked_two["tokens_per_s"] / free_one["tokens_per_s"], rel=1e-2
+    )
+    assert all(line["tokens_per_s"] > 0 for line in (free_two, locked_one, locked_two))
+    assert 0 < locked_two["lock_wait_share"] < 1 and "lock_wait_share" not in free_two
     assert allreduce["latency_us"] > 0 and allreduce["bandwidth_gb_per_s"] > 0 and len(allreduce["us"]) == 5
     assert one["x_M1"] == 1 and two["x_M1"] == pytest.approx(two["tokens_per_s"] / one["tokens_per_s"], rel=1e-2)
     assert (one["processes"], two["processes"], two["threads"]) == (1, 2, 1)

@@ -29,7 +29,7 @@ from nplm_repro.data.corpus import Corpus
 from nplm_repro.data.splits import Sizes
 from nplm_repro.data.windows import NgramWindows, WindowBatches
 from nplm_repro.errors import NplmError
-from nplm_repro.models import parallel
+from nplm_repro.models import asynchronous, parallel
 from nplm_repro.models.features import FEATURES, lsi_features
 from nplm_repro.models.language_module import LanguageModule, word_classes
 from nplm_repro.models.nplm import NPLM
@@ -65,12 +65,21 @@ class NPLMModule(LanguageModule):
             "optim.recipe": one_of("paper", "fast"),
             # the recipes' rate schedules, each on when set (`schedules`); torch drops only by a factor < 1
             "optim.decay_rate": optional(number(0)),
-            "trainer.strategy": one_of("auto", "ddp_spawn", parallel.STRATEGY),  # the last: output units in blocks
+            # output units in blocks over the processes (§3.2), or shared weights (§3.1)
+            "trainer.strategy": one_of("auto", "ddp_spawn", parallel.STRATEGY, *asynchronous.STRATEGIES),
         }
+
+    @classmethod
+    def tags(cls, cfg: Any) -> dict[str, str]:
+        return super().tags(cfg) | asynchronous.tags(cfg)
 
     @classmethod
     def check(cls, cfg: Any) -> None:
         super().check(cfg)
+        if cfg.trainer.strategy == parallel.STRATEGY:
+            parallel.check_blocks(cfg)
+        if cfg.trainer.strategy in asynchronous.STRATEGIES:
+            asynchronous.check(cfg)
         if cls.kind(cfg) == "mixed":
             raise NplmError(
                 "model.mix: an MLP mixed with the interpolated trigram is a row of its own, model=mixture with "
@@ -81,8 +90,6 @@ class NPLMModule(LanguageModule):
                 "model.h=0 needs model.direct=true (without hidden units, W is the only path to the output)"
             )
         o = cfg.optim
-        if cfg.trainer.strategy == parallel.STRATEGY:
-            parallel.check_blocks(cfg)
         if o.get("anneal_to_time"):
             raise NplmError(
                 "optim.anneal_to_time is adamw's (the LSTM's and the Transformer's recipe): eq. (1)'s paper and fast "

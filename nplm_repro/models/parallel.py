@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.trainer import Trainer
@@ -48,6 +49,8 @@ HOW = ("params", "fused", "foreach", "capturable", "differentiable")
 
 class ParameterParallel(ModelParallelStrategy):
     """Every process of the job in one block-parallel group, whole checkpoints, processes spawned (module doc)."""
+
+    batches_a_step = 1  # every process reads the same batch
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(data_parallel_size=1, save_distributed_checkpoint=False, **kwargs)
@@ -82,8 +85,9 @@ StrategyRegistry.register(
 
 
 def data_parallel_size(trainer: Trainer) -> int:
-    """How many batches one step averages: the processes under DDP, one when they split the output units instead."""
-    return 1 if isinstance(trainer.strategy, ParameterParallel) else trainer.world_size
+    """How many batches one step averages: the processes under DDP; one under a strategy whose processes split the
+    output units instead, or step on their own (its `batches_a_step`)."""
+    return getattr(trainer.strategy, "batches_a_step", trainer.world_size)
 
 
 def is_blocked(model: nn.Module) -> bool:
@@ -145,10 +149,24 @@ def check_blocks(cfg: Any) -> None:
         raise NplmError(f"{said} splits eq. (1)'s softmax over V in blocks; model.output={output} has no such layer")
     if cfg.trainer.precision not in ("auto", "32-true"):
         raise NplmError(f"{said} trains in float32: trainer.precision={cfg.trainer.precision} is not supported")
+    check_processes(cfg, said)
+
+
+def check_processes(cfg: Any, said: str) -> None:
+    """trainer.devices is a number of processes, the job spawns them itself (not under torchrun or several SLURM
+    tasks, whose processes would each run the whole job), and on a CPU they have a core each at least (NplmError
+    otherwise)."""
+    tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    if TorchElasticEnvironment.detect() or (SLURMEnvironment.detect() and tasks > 1):
+        launcher = "torchrun" if TorchElasticEnvironment.detect() else f"SLURM's {tasks} tasks"
+        raise NplmError(
+            f"{said} spawns its processes from the job's one process; under {launcher} each process would run the "
+            f"whole job: start one process (one SLURM task with trainer.devices cores)"
+        )
     devices, threads, cores = cfg.trainer.devices, cfg.get("threads") or 1, len(os.sched_getaffinity(0))
     on_cpu = cfg.trainer.accelerator == "cpu" or (cfg.trainer.accelerator == "auto" and not torch.cuda.is_available())
     if not isinstance(devices, int) or devices < 1:
-        raise NplmError(f"{said} needs trainer.devices=M, a number of processes (got {devices})")
+        raise NplmError(f"{said} needs trainer.devices, a number of processes (got {devices})")
     if on_cpu and devices * threads > cores:
         raise NplmError(
             f"{said} with trainer.devices={devices} and threads={threads} needs {devices * threads} cores (one "

@@ -99,7 +99,7 @@ def _steps(rank: int, processes: int, port: int, cfg: DictConfig, corpus: Corpus
             {"params": model.biases(), "weight_decay": 0.0},
         ]
         optimizer = torch.optim.SGD(groups, lr=cfg.optim.lr * cfg.optim.batch_size)  # module.configure_optimizers'
-        layer, batches = BlockSoftmax(), _forever(cfg, corpus, model.n)
+        layer, batches = BlockSoftmax(), training_batches(cfg, corpus, model.n, cfg.seed)
 
         def step() -> int:
             batch = on_mesh(next(batches), model)
@@ -132,8 +132,8 @@ def _steps(rank: int, processes: int, port: int, cfg: DictConfig, corpus: Corpus
         dist.destroy_process_group()
 
 
-def _forever(cfg: DictConfig, corpus: Corpus, n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The training windows in batches, every process the same, pass after pass (each reshuffled)."""
-    batches = NgramWindows(n, shard=False).batches(corpus, "train", cfg.optim.batch_size, True, cfg.seed)
+def training_batches(cfg: DictConfig, corpus: Corpus, n: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The training windows in batches, shuffled from `seed`, pass after pass (each reshuffled)."""
+    batches = NgramWindows(n, shard=False).batches(corpus, "train", cfg.optim.batch_size, True, seed)
     while True:
         yield from batches

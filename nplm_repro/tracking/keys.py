@@ -48,8 +48,9 @@ BOOKKEEPING = (
 
 
 # Strategies whose steps are their own, kept in config_key: parameter_parallel's M processes each read every batch
-# (models/parallel.py), so its trainer.devices=2 is not DDP's two batches a step
-STEPS_OF_ITS_OWN = ("parameter_parallel",)
+# (models/parallel.py), so its trainer.devices=2 is not DDP's two batches a step; the asynchronous processes each
+# step on their own batch into shared weights (models/asynchronous.py)
+STEPS_OF_ITS_OWN = ("parameter_parallel", "asynchronous", "asynchronous_locked")
 
 
 def family(model: DictConfig) -> str:
