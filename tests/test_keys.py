@@ -4,7 +4,7 @@ import pytest
 from helpers import composed
 
 from nplm_repro.tracking.components import former_config
-from nplm_repro.tracking.keys import config_key, model_key
+from nplm_repro.tracking.keys import config_key, is_bookkeeping, model_key
 
 
 def test_todays_keys_are_those_of_stored_runs() -> None:
@@ -65,16 +65,21 @@ def test_a_sampled_run_keeps_its_key() -> None:
     )
 
 
-def test_processes_that_split_the_output_units_are_not_ddp_with_as_many() -> None:
-    """ddp_spawn's trainer.devices=2 takes two batches a step, parameter_parallel's trains one process's steps: two
-    configs, two keys; auto and ddp_spawn on one device compute the same, one key."""
+def test_processes_that_split_the_output_units_or_share_the_weights_are_not_ddp_with_as_many() -> None:
+    """ddp_spawn's trainer.devices=2 takes two batches a step, parameter_parallel's trains one process's steps, the
+    asynchronous processes step on their own: four configs, four keys; auto and ddp_spawn on one device compute the
+    same, one key."""
     keys = {
         strategy: config_key(composed("experiment=mlp5", f"trainer.strategy={strategy}", devices), "0123456789abcdef")
         for strategy, devices in (("auto", "trainer.devices=1"), ("ddp_spawn", "trainer.devices=1"))
     }
     assert keys["auto"] == keys["ddp_spawn"]
-    ddp, blocks = (
-        config_key(composed("experiment=mlp5", f"trainer.strategy={s}", "trainer.devices=2"), "0123456789abcdef")
-        for s in ("ddp_spawn", "parameter_parallel")
-    )
-    assert ddp != blocks
+    two = {
+        s: config_key(composed("experiment=mlp5", f"trainer.strategy={s}", "trainer.devices=2"), "0123456789abcdef")
+        for s in ("ddp_spawn", "parameter_parallel", "asynchronous", "asynchronous_locked")
+    }
+    assert len(set(two.values())) == 4
+    # and a report tells them apart as their keys do: the strategy is bookkeeping unless its steps are its own
+    assert is_bookkeeping("trainer.strategy", "ddp_spawn") and is_bookkeeping("trainer.strategy", "auto")
+    assert not any(is_bookkeeping("trainer.strategy", s) for s in ("parameter_parallel", "asynchronous"))
+    assert is_bookkeeping("tracking.uri", "parameter_parallel") and not is_bookkeeping("trainer.devices", "2")

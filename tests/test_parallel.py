@@ -120,15 +120,24 @@ def test_a_refused_parallel_run_is_one_line_and_writes_no_store(tiny_brown_path:
 
 
 @TWO_CORES
-def test_a_process_that_dies_mid_epoch_ends_the_run_failed_naming_it(tiny_brown_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["parameter_parallel", "asynchronous"])
+def test_a_process_that_dies_mid_epoch_ends_the_run_failed_naming_it(
+    strategy: str, tiny_brown_path: Path, tmp_path: Path
+) -> None:
     """SIGKILL to the second process once an epoch has been validated: the job ends within 60 s (no process waits
-    forever on a collective), its last line names the process, and its run is FAILED."""
+    forever on a collective, or on the shared weights), its last line names the process, and its run is FAILED."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = [f"data.path={tiny_brown_path}", *SMALL, "trainer.max_epochs=500", "callbacks.early_stopping.patience=500"]
     log = tmp_path / "train.log"
     with log.open("w") as out:
         job = subprocess.Popen(
-            [console_script("nplm-train"), *common, *BLOCKS, f"tracking.uri={uri}"],
+            [
+                console_script("nplm-train"),
+                *common,
+                f"trainer.strategy={strategy}",
+                "trainer.devices=2",
+                f"tracking.uri={uri}",
+            ],
             cwd=tmp_path,
             stdout=out,
             stderr=subprocess.STDOUT,

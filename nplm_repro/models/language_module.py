@@ -298,8 +298,14 @@ class LanguageModule(L.LightningModule, Family):
                 batches.to(self.device)
 
     def tokens_per_s(self) -> float:
-        """Training tokens per second so far in this epoch."""
-        return self._seen / max(time.perf_counter() - self._epoch_start, 1e-9)
+        """The job's training tokens per second so far in this epoch: this process's, times the processes that read
+        batches of their own (`readers`)."""
+        return self._seen * self.readers / max(time.perf_counter() - self._epoch_start, 1e-9)
+
+    @property
+    def readers(self) -> int:
+        """How many of the job's processes read training batches of their own: all of them (DDP's)."""
+        return self.trainer.world_size
 
     def _settle(self) -> None:
         """Make the weights under lazy decay true (SparseSGD.settle)."""

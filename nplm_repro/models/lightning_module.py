@@ -168,6 +168,11 @@ class NPLMModule(LanguageModule):
         every batch when they split the output units (`blocks`)."""
         return NgramWindows(self.model.n, shard=not self.blocks)
 
+    @property
+    def readers(self) -> int:
+        """Processes that split the output units all read the same batches: they count as one reader."""
+        return 1 if self.blocks else self.trainer.world_size
+
     def next_logprobs(self, contexts: list[list[int]]) -> torch.Tensor:
         need = self.context_needed
         return self(torch.tensor([ids[-need:][::-1] for ids in contexts], dtype=torch.int64))  # w_{t-1} first

@@ -245,7 +245,7 @@ class Checker:
                 lines.append(line)
                 verdicts.append(verdict)
         if "margin" in spec:
-            lines.append(f"no effect means within ±{spec['margin']:.0%} (the claim's declared margin)")
+            lines.append(f"no effect means within ±{100 * spec['margin']:.3g}% (the claim's declared margin)")
         return Claim(spec["claim"], combine(verdicts), tuple(lines), tuple(self.measured))
 
 

@@ -53,6 +53,12 @@ BOOKKEEPING = (
 STEPS_OF_ITS_OWN = ("parameter_parallel", "asynchronous", "asynchronous_locked")
 
 
+def is_bookkeeping(key: str, value: Any) -> bool:
+    """Whether a dotted key of a run's config, at this value, is BOOKKEEPING: trainer.strategy is, unless its steps
+    are its own (STEPS_OF_ITS_OWN), which then tells runs apart in a report as in config_key."""
+    return key.startswith(BOOKKEEPING) and not (key == "trainer.strategy" and str(value) in STEPS_OF_ITS_OWN)
+
+
 def family(model: DictConfig) -> str:
     """The family's name in run keys (its class's `family`), of a config's `model` group."""
     return family_of(model).family

@@ -41,8 +41,8 @@ from nplm_repro.scores import ARTIFACT, Scores
 from nplm_repro.serving.features import log_features
 from nplm_repro.serving.scoring import RunScorer, has_weights
 from nplm_repro.serving.served import log_model
-from nplm_repro.storage.finding import find_finished, search
 from nplm_repro.storage.archive import ARCHIVED_FROM, ARCHIVED_ID
+from nplm_repro.storage.finding import find_finished, search
 from nplm_repro.storage.kept import kept_scores, log_scores
 from nplm_repro.storage.locks import config_lock, model_lock
 from nplm_repro.storage.redaction import redact

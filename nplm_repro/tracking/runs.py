@@ -37,7 +37,7 @@ from nplm_repro.paper import (
 from nplm_repro.storage.archive import ArchiveSource
 from nplm_repro.storage.redaction import redact
 from nplm_repro.storage.store import check_store, sqlite_file, tracking_at
-from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, without_unused
+from nplm_repro.tracking.keys import IMPLIED, is_bookkeeping, without_unused
 from nplm_repro.tracking.stops import stopped_by
 
 # What a result depends on: a counted or mixed row, the data and the model's knobs; a trained one, its training too.
@@ -105,7 +105,7 @@ def _config(run: pd.Series, family: str, kind: str) -> dict[str, str]:
         if name.startswith("params.")
         and present(value)
         and (key := name.removeprefix("params.")).startswith(groups)
-        and not key.startswith(BOOKKEEPING)  # tracking's: where and how a job ran
+        and not is_bookkeeping(key, value)  # tracking's: where and how a job ran
     }
     if family in FAMILY_IDS:  # the family, not where its class lived when the run was made
         config["model._target_"] = FAMILY_IDS[family]

@@ -45,7 +45,7 @@ from nplm_repro.paper import (
 )
 from nplm_repro.studies import CLAIM_KINDS, row_name
 from nplm_repro.tracking.confounds import allowed, confounded, differences, precision_ran
-from nplm_repro.tracking.keys import BOOKKEEPING, IMPLIED, family, trains, without_unused
+from nplm_repro.tracking.keys import IMPLIED, family, is_bookkeeping, trains, without_unused
 from nplm_repro.tracking.runs import MIX
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ def job_config(job: DictConfig) -> dict[str, str]:
     tree["callbacks"] = {"early_stopping": OmegaConf.to_container(job.callbacks.early_stopping, resolve=True)}
     tree["model"].pop("_target_", None)
     flat = pd.json_normalize(without_unused(tree), sep=".").iloc[0].items()  # as records.py `flat_params` flattens
-    flat = {key: str(value) for key, value in flat if not key.startswith(BOOKKEEPING)}
+    flat = {key: str(value) for key, value in flat if not is_bookkeeping(key, value)}
     from nplm_repro.models.outputs import training_of  # loads torch: only a sweep's check reads this, no report
     from nplm_repro.models.precision import choices
 
