@@ -124,8 +124,9 @@ def test_a_refused_parallel_run_is_one_line_and_writes_no_store(tiny_brown_path:
 def test_a_process_that_dies_mid_epoch_ends_the_run_failed_naming_it(
     strategy: str, tiny_brown_path: Path, tmp_path: Path
 ) -> None:
-    """SIGKILL to the second process once an epoch has been validated: the job ends within 60 s (no process waits
-    forever on a collective, or on the shared weights), its last line names the process, and its run is FAILED."""
+    """SIGKILL to one of the two processes once an epoch has been validated: the job ends within 60 s (no process
+    waits forever on a collective, or on the shared weights), its last line names the process, and its run is
+    FAILED."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     common = [f"data.path={tiny_brown_path}", *SMALL, "trainer.max_epochs=500", "callbacks.early_stopping.patience=500"]
     log = tmp_path / "train.log"
@@ -150,9 +151,9 @@ def test_a_process_that_dies_mid_epoch_ends_the_run_failed_naming_it(
         time.sleep(0.5)
     spawned = [p for p in psutil.Process(job.pid).children() if "spawn_main" in " ".join(p.cmdline())]
     assert len(spawned) == 2
-    max(spawned, key=lambda p: p.create_time()).kill()  # spawned second: process 1
+    spawned[0].kill()  # which rank it is, its start time cannot tell: both start within one clock tick
     assert ends_within(job, 60, log) != 0
-    assert "process 1 terminated with signal SIGKILL" in log.read_text().strip().splitlines()[-1]
+    assert re.search(r"process [01] terminated with signal SIGKILL", log.read_text().strip().splitlines()[-1])
     (run,) = client.search_runs([client.get_experiment_by_name("brown").experiment_id])
     assert run.info.status == "FAILED"
 
