@@ -9,8 +9,8 @@ locked variant holds one lock from the start of each update to its end (the grad
 weights as read, without it): the paper's "first version used locks and was extremely slow".
 
 Each process takes its own steps of B words at the rate of one process (the rate is not multiplied by W as DDP's
-averaged W x B batch is). Validation, the rate's drop and early stopping are as under DDP: each process scores its
-part of the validation split and the perplexity is of the whole. The updates interleave as the operating system
+averaged W x B batch is). Validation waits for every process to end its part of the epoch, so each scores the
+whole validation split with the same weights; the rate's drop, early stopping and checkpoints are as under DDP. The updates interleave as the operating system
 schedules the processes, so a repeated or resumed run is not bit-identical: the run says so in its tag
 `asynchronous`. The exact softmax only (optim=fast or paper): the sampled recipe's optimiser decays each word's row
 when a step reads it, from a count of steps each process keeps of its own (models/sampled_loss.py `SparseSGD`),
@@ -114,10 +114,6 @@ StrategyRegistry.register(LOCK_FREE, Asynchronous, description="the paper's §3.
 StrategyRegistry.register(
     LOCKED, Asynchronous, description="the paper's §3.1 first version: shared weights, each update locked", locked=True
 )
-
-
-def is_asynchronous(trainer: Trainer) -> bool:
-    return isinstance(trainer.strategy, Asynchronous)
 
 
 def tags(cfg: Any) -> dict[str, str]:
