@@ -31,8 +31,9 @@ MADE_BEFORE = "**Made before runs shipped:**"  # the first line of a committed r
 
 
 def sweep(workdir: Path, brown_path: Path, uri: str, *more: str) -> str:
-    """The quickstart's own command on the slice, as a user runs it; its output."""
-    args = ["-m", "study=quickstart", f"data.path={brown_path}", *TINY, f"tracking.uri={uri}", "report=rep", *more]
+    """The quickstart's own command on the slice, as a user runs it (its report in reports/, the study's default);
+    its output."""
+    args = ["-m", "study=quickstart", f"data.path={brown_path}", *TINY, f"tracking.uri={uri}", *more]
     before = set(workdir.glob("multirun/*/*"))
     result = run_script("nplm-train", *args, cwd=workdir, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -50,15 +51,16 @@ def runs_in(uri: str) -> list[mlflow.entities.Run]:
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory, brown_path: Path) -> Path:
-    """A quickstart sweep's work folder: its store (made.db) and its report with its archive (rep/)."""
+    """A quickstart sweep's work folder: its store (made.db), its report with its archive (reports/) and what the
+    sweep said (output.txt: the terminal's lines, then its jobs' logs)."""
     workdir = tmp_path_factory.mktemp("made")
-    sweep(workdir, brown_path, f"sqlite:///{workdir}/made.db")
+    (workdir / "output.txt").write_text(sweep(workdir, brown_path, f"sqlite:///{workdir}/made.db"))
     return workdir
 
 
 @pytest.fixture
 def archive(made: Path) -> Path:
-    return made / "rep" / f"quickstart{SUFFIX}"
+    return made / "reports" / f"quickstart{SUFFIX}"
 
 
 @pytest.fixture
@@ -70,7 +72,20 @@ def imported(archive: Path, tmp_path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_the_sweep_ships_its_runs_and_an_import_of_them_resumes_it_training_nothing(
+def test_the_quickstart_ends_in_its_report_with_the_claims_it_checks(made: Path) -> None:
+    """README's first command, on a slice of Brown: its four rows, then reports/quickstart.md beside the paper's
+    numbers, every claim judged (holds, fails or inconclusive: never "not measured")."""
+    output = (made / "output.txt").read_text()
+    assert "report: reports/quickstart.md" in output and "mlflow ui --backend-store-uri" in output
+    report = (made / "reports" / "quickstart.md").read_text()
+    for row in ("MLP9", "MLP10", "Del. Int.", "Kneser-Ney back-off"):
+        assert re.search(rf"^\| {re.escape(row)}( \(\+dirty\))? +\|", report, re.MULTILINE), row
+    claims = re.findall(r"^- \*\*(.+)\*\*: (\w+)", report, re.MULTILINE)
+    assert len(claims) == 3 and all(verdict in ("holds", "fails", "inconclusive") for _, verdict in claims), claims
+
+
+@pytest.mark.slow
+def test_the_sweep_ships_its_runs_an_import_resumes_it_training_nothing_and_a_deleted_run_is_the_one_job_trained(
     made: Path, archive: Path, brown_path: Path, tmp_path: Path
 ) -> None:
     lines = archive.read_text().splitlines()
@@ -90,24 +105,22 @@ def test_the_sweep_ships_its_runs_and_an_import_of_them_resumes_it_training_noth
     again = nplm_import(tmp_path, uri, archive)
     assert again.returncode == 0 and "0 runs imported" in again.stderr and len(runs_in(uri)) == 5
 
-    shutil.copytree(made / "rep", tmp_path / "rep")
-    before = {p.name: p.read_bytes() for p in (tmp_path / "rep").iterdir()}
+    shutil.copytree(made / "reports", tmp_path / "reports")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()}
     output = sweep(tmp_path, brown_path, uri)
-    assert output.count("skipped: run") == 4 and "sweep: nothing ran: every job's run was in the store" in output, output[-3000:]
+    assert output.count("skipped: run") == 4 and "sweep: nothing ran: every job's run was in the store" in output, (
+        output[-3000:]
+    )
     assert len(runs_in(uri)) == 5  # nothing trained: the imported parent resumed, no new run
-    after = {p.name: p.read_bytes() for p in (tmp_path / "rep").iterdir()}
+    after = {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()}
     assert after == before  # the same report and archive, from the imported runs
 
-
-@pytest.mark.slow
-def test_a_run_deleted_from_an_imported_study_is_the_one_job_its_sweep_trains(
-    imported: str, brown_path: Path, tmp_path: Path
-) -> None:
-    (mlp9,) = [r for r in runs_in(imported) if r.data.tags.get("row") == "MLP9"]
-    mlflow.MlflowClient(imported).delete_run(mlp9.info.run_id)
-    output = sweep(tmp_path, brown_path, imported)
+    # a run deleted from the imported study is the one job its sweep trains
+    (mlp9,) = [r for r in runs_in(uri) if r.data.tags.get("row") == "MLP9"]
+    mlflow.MlflowClient(uri).delete_run(mlp9.info.run_id)
+    output = sweep(tmp_path, brown_path, uri)
     assert output.count("skipped: run") == 3, output[-3000:]
-    new = [r for r in runs_in(imported) if "archive.run_id" not in r.data.tags]
+    new = [r for r in runs_in(uri) if "archive.run_id" not in r.data.tags]
     assert [r.data.tags.get("row") for r in new] == ["MLP9"] and new[0].info.status == "FINISHED"
 
 
@@ -198,7 +211,7 @@ def same_figure(made: Path, committed: Path) -> str | None:
     if committed.suffix == ".png":
         a, b = (np.asarray(Image.open(io.BytesIO(p.read_bytes())).convert("RGBA")) for p in (made, committed))
         return None if a.shape == b.shape and (a == b).all() else "other pixels"
-    strip = re.compile(r"<metadata>.*?</metadata>", re.S)
+    strip = re.compile(r"<metadata>.*?</metadata>", re.DOTALL)
     a, b = (strip.sub("", p.read_text(encoding="utf-8")) for p in (made, committed))
     return None if a == b else "another drawing"
 

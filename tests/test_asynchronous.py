@@ -1,6 +1,7 @@
 """The paper's §3.1, asynchronous training in shared memory (trainer.strategy=asynchronous and asynchronous_locked,
 models/asynchronous.py): W processes update one set of weights, as one ordinary run. Real Hydra composition, real
-spawned processes, a real MLflow store, on tests/data/tiny_brown.zip."""
+spawned processes, on tests/data/tiny_brown.zip. A lock-free job's MLflow run beside one process's:
+tests/test_parallel.py, with the parameter-parallel one."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers import check_loaded_model, composed, console_script, data_slice, run_command
+from helpers import composed, console_script, data_slice, run_command
 from lightning.pytorch.loggers import CSVLogger
-from mlflow.tracking import MlflowClient
 
 from nplm_repro.data.load import load_corpus
 from nplm_repro.errors import NplmError
@@ -40,32 +40,6 @@ class Weights(L.Callback):
         self.seen["end"] = sum(p.detach().double().sum().item() for p in module.parameters())
         self.seen["shared"] = all(p.is_shared() for p in module.parameters())
         (self.folder / f"{trainer.global_rank}.json").write_text(json.dumps(self.seen))
-
-
-@TWO_CORES
-def test_two_lock_free_processes_train_one_recorded_run(tiny_brown_path: Path, tmp_path: Path) -> None:
-    """W = 2 against W = 1 from the same seed, 2 epochs: one MLflow run each (not one per process), FINISHED with its
-    epochs and seconds, its strategy recorded and its tag saying a repeat is not bit-identical; the perplexities of
-    the two within 10% (the tiny corpus's epoch is 23 steps: the asynchronous noise is not what is measured here);
-    and the W = 2 run's Model loads and answers in one process."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    common = [f"data.path={tiny_brown_path}", *SMALL, "trainer.max_epochs=2", f"tracking.uri={uri}"]
-    for arm in (["trainer.strategy=asynchronous", "trainer.devices=2"], []):
-        done = run_command([console_script("nplm-train"), *common, *arm], cwd=tmp_path)
-        assert done.returncode == 0, done.stderr[-3000:]
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("brown").experiment_id], order_by=["start_time ASC"])
-    assert len(runs) == 2
-    shared, one = runs
-    assert (shared.data.params["trainer.strategy"], shared.data.params["trainer.devices"]) == ("asynchronous", "2")
-    assert "not bit-identical" in shared.data.tags["asynchronous"] and "asynchronous" not in one.data.tags
-    assert shared.data.tags["config_key"] != one.data.tags["config_key"]
-    for run in runs:
-        assert run.info.status == "FINISHED" and run.data.metrics["epochs"] == 2 and run.data.metrics["fit_seconds"] > 0
-    for split in ("valid", "test"):
-        assert shared.data.metrics[f"{split}_tokens"] == 2_000
-        assert shared.data.metrics[f"{split}_ppl"] == pytest.approx(one.data.metrics[f"{split}_ppl"], rel=0.1)
-    check_loaded_model(uri, shared.info.run_id, "it was in the", tmp_path)
 
 
 @TWO_CORES

@@ -20,8 +20,8 @@ from hydra import compose, initialize_config_module
 
 from nplm_repro.bench import check_bench
 from nplm_repro.errors import NplmError
-from nplm_repro.tracking import ledger
 from nplm_repro.serving.scoring import RunScorer
+from nplm_repro.tracking import ledger
 
 TINY = data_slice(5_000, 1_000, 1_000)  # of tiny_brown.zip's 10,973 tokens
 Run = tuple[Path, str, str]  # the folder, the store and the run id

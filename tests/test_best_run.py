@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import SLICE, Done, composed, run_script
+from helpers import SLICE, Done, composed, run_script, slice_texts
 from mlflow.tracking import MlflowClient
 
 from nplm_repro import report as nplm_report
 from nplm_repro import score as nplm_score
 from nplm_repro.errors import NplmError
 from nplm_repro.reporting.tables import build
+from nplm_repro.serving.scoring import has_weights
+from nplm_repro.sweeping.registry import CHAMPION, register_best
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.best import best_row, row_run
-from nplm_repro.sweeping.registry import CHAMPION, register_best
-from nplm_repro.serving.scoring import has_weights
 
 # An MLP of seconds: h=16, m=16, one epoch, float32 whatever the CPU (precision auto could pick bf16-mixed)
 MLP = ["model.h=16", "model.m=16", "trainer.max_epochs=1", "trainer.precision=32-true"]
@@ -44,17 +44,17 @@ def store(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     """Without a study tag and with columns of no paper row, so `adhoc`: MLP1 of 20 batches and MLP9 of 5, each
     with seeds 1 and 2, a Kneser-Ney trigram without its row, and last MLP1 again of only 3 batches (the newest run
     of that row, in a worse configuration). In study `stopped`: an MLP9 stopped after 30 steps, before its first
-    validation (no weights), and an MLP1 of 5 batches. About 10 s."""
+    validation (no weights), and an MLP1 of 5 batches. The slice's 13 texts are unzipped into the folder's brown/, so
+    that each run reads those and not all 500. About 10 s."""
     workdir = tmp_path_factory.mktemp("best")
+    texts = slice_texts(brown_path, workdir)
     for row, batches in (("mlp1", 20), ("mlp9", 5)):
         for seed in (1, 2):
-            train(
-                workdir, brown_path, f"experiment={row}", *MLP, f"trainer.limit_train_batches={batches}", f"seed={seed}"
-            )
-    train(workdir, brown_path, "experiment=kn3", "row=null")
-    train(workdir, brown_path, "experiment=mlp1", *MLP, "trainer.limit_train_batches=3")
-    train(workdir, brown_path, *MLP, *STOPPED, study="stopped")
-    train(workdir, brown_path, "experiment=mlp1", *MLP, "trainer.limit_train_batches=5", study="stopped")
+            train(workdir, texts, f"experiment={row}", *MLP, f"trainer.limit_train_batches={batches}", f"seed={seed}")
+    train(workdir, texts, "experiment=kn3", "row=null")
+    train(workdir, texts, "experiment=mlp1", *MLP, "trainer.limit_train_batches=3")
+    train(workdir, texts, *MLP, *STOPPED, study="stopped")
+    train(workdir, texts, "experiment=mlp1", *MLP, "trainer.limit_train_batches=5", study="stopped")
     return workdir, f"sqlite:///{workdir}/mlflow.db"
 
 
@@ -174,7 +174,7 @@ def test_nplm_report_registers_the_adhoc_mlp_it_lists(
 
 
 def test_the_registry_passes_over_a_run_without_weights_and_moves_champion_to_a_better_version(
-    store: tuple[Path, str], brown_path: Path, caplog: pytest.LogCaptureFixture
+    store: tuple[Path, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The MLP stopped before its first validation has the study's lowest valid perplexity (its numbers come from
     its weights in memory at its end) and no weights: the report shows it as the best row; the registry says so in
@@ -196,7 +196,9 @@ def test_the_registry_passes_over_a_run_without_weights_and_moves_champion_to_a_
     assert client.get_model_version_by_alias("nplm-brown-stopped", CHAMPION).run_id == mlp1
 
     # adopts the Model of adhoc's MLP1 of seed 1 (the same MLP): the version's run is that one, its tag run_id this
-    better = train(workdir, brown_path, "experiment=mlp1", *MLP, "trainer.limit_train_batches=20", study="stopped")
+    better = train(
+        workdir, workdir / "brown", "experiment=mlp1", *MLP, "trainer.limit_train_batches=20", study="stopped"
+    )
     assert register_best(uri, "brown", "stopped") == "nplm-brown-stopped/2"
     champion = client.get_model_version_by_alias("nplm-brown-stopped", CHAMPION)
     assert (str(champion.version), champion.tags["run_id"]) == ("2", better)
@@ -216,7 +218,7 @@ def test_a_sweep_whose_mlp_stopped_before_validating_writes_its_report_and_succe
     and the registry says in one line that it passes over the MLP."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     overrides = ["study=brown_table1", "hydra/launcher=basic", "experiment=kn3,mlp9", "trainer.max_steps=30"]
-    overrides += [f"data.path={brown_path}", *SLICE, f"tracking.uri={uri}"]
+    overrides += [f"data.path={slice_texts(brown_path, tmp_path)}", *SLICE, f"tracking.uri={uri}"]
     result = run_script("nplm-train", "-m", *overrides, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "reports" / "brown_table1.md").is_file()

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import requests
-from helpers import ROOT, SLICE, SWEEPS, console_script, free_port, run_script
+from helpers import ROOT, SLICE, SWEEPS, console_script, free_port, run_script, slice_texts
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.sweeping.sweep import dashboard as link_of
@@ -212,10 +212,12 @@ def mlflow_ui(store: str, workdir: Path) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def dashboard(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
     """`mlflow ui` on a fresh SQLite store, and a sweep of two n-gram rows into it through that server, so that the
-    link the sweep prints is the server's page itself, opened as printed."""
+    link the sweep prints is the server's page itself, opened as printed. The jobs read the slice's 13 texts, unzipped
+    into a folder, not all 500."""
     workdir = tmp_path_factory.mktemp("dashboard")
+    texts = slice_texts(brown_path, workdir)
     with mlflow_ui(f"sqlite:///{workdir}/mlflow.db", workdir) as url:
-        result = run_script("nplm-train", *SWEEP, f"data.path={brown_path}", *SLICE, f"tracking.uri={url}", cwd=workdir)
+        result = run_script("nplm-train", *SWEEP, f"data.path={texts}", *SLICE, f"tracking.uri={url}", cwd=workdir)
         assert result.returncode == 0, result.stderr[-3000:]
         printed = re.findall(
             r"sweep: its runs in MLflow's dashboard: (\S+)$", result.stdout + result.stderr, re.MULTILINE

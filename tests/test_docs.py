@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, console_script
+from helpers import ROOT, console_script, run_command
 from hydra import compose, initialize_config_module
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
@@ -372,16 +372,15 @@ HELP = sorted({c.program for c in COMMANDS if c.program in SCRIPTS and c.program
 
 
 @pytest.fixture(scope="module")
-def started(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.Popen]:
-    """The subprocesses, started together at the module's first test and awaited by the tests that read them: each
-    argparse command's --help, and the README's quickstart through Hydra's own path (`--cfg job`: composed and
-    printed, no job run)."""
+def said(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    """What the commands said, each run once for the module's tests, in a process of its own forked from the warm
+    interpreter that imported them (helpers.run_command): each argparse command's --help, and the README's
+    quickstart through Hydra's own path (`--cfg job`: composed and printed, no job run)."""
     cwd = tmp_path_factory.mktemp("docs")
-    options = {"cwd": cwd, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    processes = {program: subprocess.Popen([console_script(program), "--help"], **options) for program in HELP}
+    done = {program: run_command([console_script(program), "--help"], cwd=cwd, timeout=120) for program in HELP}
     overrides = [a for a in quickstart().args if a not in {"-m", "--multirun"}]  # --cfg prints, it runs nothing
-    processes["quickstart"] = subprocess.Popen([console_script("nplm-train"), *overrides, "--cfg", "job"], **options)
-    return processes
+    done["quickstart"] = run_command([console_script("nplm-train"), *overrides, "--cfg", "job"], cwd=cwd, timeout=120)
+    return done
 
 
 def quickstart() -> Command:
@@ -392,7 +391,7 @@ def quickstart() -> Command:
 # --- the tests ---------------------------------------------------------------------------------------------------
 
 
-def test_the_docs_hold_commands_of_every_kind(started: dict[str, subprocess.Popen]) -> None:
+def test_the_docs_hold_commands_of_every_kind() -> None:
     """The reading of the docs finds what is there (a reading that finds nothing checks nothing)."""
     programs = {c.program for c in COMMANDS}
     assert {"nplm-train", "nplm-bench", "nplm-report", "nplm-score", "nplm-ask"} <= programs
@@ -412,17 +411,15 @@ def test_every_documented_command_is_accepted_or_refused_as_the_doc_says(
 
 
 @pytest.mark.parametrize("program", HELP)
-def test_help_of_every_documented_command(program: str, started: dict[str, subprocess.Popen]) -> None:
-    out, err = started[program].communicate(timeout=120)
-    assert started[program].returncode == 0, err[-2000:]
-    assert f"usage: {program}" in out
+def test_help_of_every_documented_command(program: str, said: dict[str, subprocess.CompletedProcess]) -> None:
+    assert said[program].returncode == 0, said[program].stderr[-2000:]
+    assert f"usage: {program}" in said[program].stdout
 
 
-def test_the_quickstart_composes_through_hydras_own_path(started: dict[str, subprocess.Popen]) -> None:
-    process = started["quickstart"]
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 0, f"{quickstart()} --cfg job\n{err[-3000:]}"
-    printed = OmegaConf.create(out)
+def test_the_quickstart_composes_through_hydras_own_path(said: dict[str, subprocess.CompletedProcess]) -> None:
+    done = said["quickstart"]
+    assert done.returncode == 0, f"{quickstart()} --cfg job\n{done.stderr[-3000:]}"
+    printed = OmegaConf.create(done.stdout)
     assert printed.study == "quickstart" and printed.report == "reports"
     assert printed.data.path == "../shared/data/brown.zip"
 

@@ -6,13 +6,17 @@ nplm-score's code, its Model loaded in a fresh process, text continued by nplm-a
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
 import numpy as np
 import pytest
 import torch
-from helpers import SLICE, check_loaded_model, composed
+from helpers import SLICE, Done, composed, slice_texts
 from torch.nn import functional as F
 
 from nplm_repro.data.clustering import frequency_bins, output_classes
@@ -25,10 +29,10 @@ from nplm_repro.models.nplm import NPLM
 from nplm_repro.models.outputs import TRAININGS, output_of, outputs_for, training_of
 from nplm_repro.models.sampled_loss import Proposal, draw, sampled_cross_entropy
 from nplm_repro.perplexity import perplexity_of
+from nplm_repro.serving.scoring import RunScorer
 from nplm_repro.tracking import ledger
 from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.tracking.keys import config_key
-from nplm_repro.serving.scoring import RunScorer
 
 V, N, M, H = 40, 4, 3, 5
 
@@ -130,7 +134,7 @@ def test_every_word_has_an_output_class_and_no_class_is_empty(
     method: str, brown_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NPLM_CACHE", str(tmp_path))
-    corpus = load_corpus(composed(f"data.path={brown_path}", *SLICE).data)
+    corpus = load_corpus(composed(f"data.path={slice_texts(brown_path, tmp_path)}", *SLICE).data)
     classes = output_classes(corpus, 20, method)
     assert len(classes) == corpus.vocab_size
     assert np.bincount(classes).min() >= 1 and classes.max() < 20
@@ -185,15 +189,15 @@ OUTPUTS = {
 PROMPT = "The jury said that it"
 
 
-def short_run(workdir: Path, brown_path: Path, *overrides: str) -> tuple[str, str]:
-    """A short run on the Brown slice (one epoch of at most 10 steps, then validation) in a real store: its store and
-    run id."""
+def short_run(workdir: Path, texts: Path, *overrides: str) -> tuple[str, str]:
+    """A short run on the Brown slice (`texts`: its 13 texts, `slice_texts`; one epoch of at most 10 steps, then
+    validation) in a real store, `workdir`'s: its store and run id."""
     uri = f"sqlite:///{workdir}/mlflow.db"
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)
         patch.setenv("NPLM_CACHE", str(workdir))
         cfg = composed(
-            f"data.path={brown_path}",
+            f"data.path={texts}",
             *SLICE,
             "trainer.max_epochs=1",
             "trainer.limit_train_batches=10",
@@ -220,32 +224,67 @@ def scored_again(uri: str, run_id: str) -> LanguageModule:
     return module
 
 
-@pytest.fixture(scope="module", params=sorted(OUTPUTS))
-def row(request: pytest.FixtureRequest, brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A short MLP5 run of the output layer in a real store."""
-    return short_run(tmp_path_factory.mktemp(request.param), brown_path, "experiment=mlp5", *OUTPUTS[request.param])
+@pytest.fixture(scope="module")
+def rows(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    """A short MLP5 run of each output layer, in one real store: its store and run id by output."""
+    workdir = tmp_path_factory.mktemp("outputs")
+    texts = slice_texts(brown_path, workdir)
+    return {output: short_run(workdir, texts, "experiment=mlp5", *OUTPUTS[output]) for output in sorted(OUTPUTS)}
 
 
 @pytest.mark.slow  # over 10 s
-def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(row: tuple[str, str]) -> None:
-    uri, run_id = row
-    output = mlflow.MlflowClient(uri).get_run(run_id).data.params["model.output"]
+@pytest.mark.parametrize("output", sorted(OUTPUTS))
+def test_its_run_is_scored_again_to_a_millionth_and_says_its_output(
+    rows: dict[str, tuple[str, str]], output: str
+) -> None:
+    uri, run_id = rows[output]
+    assert mlflow.MlflowClient(uri).get_run(run_id).data.params["model.output"] == output
     module = scored_again(uri, run_id)
-    assert output in OUTPUTS and isinstance(module, NPLMModule) and module.output.name == output
+    assert isinstance(module, NPLMModule) and module.output.name == output
     assert (module.classes is not None) == (module.layer.name == "word classes") == module.output.word_classes
 
 
-def test_nplm_ask_continues_a_prompt_with_it(row: tuple[str, str], ask, tmp_path: Path) -> None:
-    uri, run_id = row
+@pytest.mark.parametrize("output", sorted(OUTPUTS))
+def test_nplm_ask_continues_a_prompt_with_it(
+    rows: dict[str, tuple[str, str]], output: str, ask: Callable[..., Done], tmp_path: Path
+) -> None:
+    uri, run_id = rows[output]
     args = ["generate", run_id, "--prompt", PROMPT, "--words", "6", "--draw-seed", "1", "--tracking-uri", uri]
     first, second = ask(tmp_path, *args), ask(tmp_path, *args)
     assert first.returncode == 0 and first.stdout == second.stdout and first.stdout.strip()
 
 
-@pytest.mark.slow  # a fresh Python process that imports mlflow and torch: about 15 s each
-def test_a_fresh_process_loads_its_model_and_gets_the_exact_distribution(row: tuple[str, str], tmp_path: Path) -> None:
-    uri, run_id = row
-    check_loaded_model(uri, run_id, PROMPT, tmp_path)
+LOAD = """
+import json, sys, mlflow, pandas as pd
+mlflow.set_tracking_uri(sys.argv[1])
+context = sys.argv[2]
+for run_id in sys.argv[3:]:
+    model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    out = model.predict(pd.DataFrame({"context": [context], "next_word": ["the"]}), params={"k": 3})
+    print(json.dumps({"words": list(out["words"][0]), "logprob": float(out["logprob"][0])}))
+"""
+
+
+@pytest.mark.slow  # a fresh Python process that imports mlflow and torch: about 15 s
+def test_a_fresh_process_loads_each_outputs_model_and_gets_the_exact_distribution(
+    rows: dict[str, tuple[str, str]], tmp_path: Path
+) -> None:
+    """Each run's MLflow Model, loaded in one fresh Python process as a user loads it (the runs share a store),
+    answers for the prompt what the run rebuilt in this process computes: ln P(the) and the 3 most probable next
+    words."""
+    (uri,) = {uri for uri, _ in rows.values()}
+    run_ids = [run_id for _, run_id in rows.values()]
+    found = subprocess.run(
+        [sys.executable, "-c", LOAD, uri, PROMPT, *run_ids], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    answers = [json.loads(line) for line in found.stdout.strip().splitlines()[-len(run_ids) :]]
+    assert len(answers) == len(run_ids) == 2
+    for run_id, answer in zip(run_ids, answers):
+        scorer = RunScorer(uri, run_id)
+        with torch.no_grad():
+            logp = scorer.model().next_logprobs([scorer.words(PROMPT)])[0].double()
+        assert answer["logprob"] == pytest.approx(float(logp[scorer.corpus.vocab.index("the")]), rel=1e-5)
+        assert answer["words"] == [scorer.corpus.vocab[i] for i in logp.topk(3).indices]
 
 
 def test_a_class_layer_with_classes_of_every_padded_size_has_the_whole_distributions_gradient() -> None:
@@ -273,7 +312,7 @@ def test_an_lstm_with_word_classes_trains_and_is_scored_exactly(brown_path: Path
     """`nplm-train experiment=lstm model.output=classes`: a real run on a slice of Brown, scored again to a millionth,
     its distribution over all of V normalised."""
     overrides = ("experiment=lstm", "model.width=32", "model.output=classes", "model.class_method=frequency")
-    uri, run_id = short_run(tmp_path, brown_path, *overrides)
+    uri, run_id = short_run(tmp_path, slice_texts(brown_path, tmp_path), *overrides)
     assert mlflow.MlflowClient(uri).get_run(run_id).data.params["model.output"] == "classes"
     module = scored_again(uri, run_id)
     assert module.classes is not None and module.layer.name == "word classes"

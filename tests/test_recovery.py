@@ -34,7 +34,7 @@ from nplm_repro.tracking.ledger import ORPHANED
 STOPPED = "nplm-train: interrupted (any run it was recording is now KILLED; the same command resumes it)"
 
 SLICE = data_slice(60_000, 5_000, 5_000)
-SMALL = [*SLICE, "experiment=mlp3", "model.m=8", "trainer.max_epochs=3", "seed=5", "trainer.enable_progress_bar=false"]
+SMALL = [*SLICE, "experiment=mlp3", "model.m=8", "trainer.max_epochs=2", "seed=5", "trainer.enable_progress_bar=false"]
 NPLM_TRAIN, NPLM_REPORT = console_script("nplm-train"), console_script("nplm-report")
 
 
@@ -145,13 +145,13 @@ def test_stopped_run_resumes_in_the_same_run_and_ends_as_an_uninterrupted_one(
     resumed = run_command(command(brown_path, uri), cwd=tmp_path, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming run {run.info.run_id} from {last}" in resumed.stdout + resumed.stderr
-    # epoch 1 was trained before: the display's time left counts epochs 2 and 3 only as this launch's pace
+    # epoch 1 was trained before: the display's time left counts epoch 2 only as this launch's pace
     told = read_status(status)
-    assert (told["epochs_before"], told["epoch"], told["max_epochs"]) == (1, 3, 3)
+    assert (told["epochs_before"], told["epoch"], told["max_epochs"]) == (1, 2, 2)
     (after,) = runs(uri)  # the same run, not a second one
     assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "valid_ppl_epoch")
-    assert len({m.step for m in history}) == len(history) == 3  # each epoch once, none lost or repeated
+    assert len({m.step for m in history}) == len(history) == 2  # each epoch once, none lost or repeated
     for split in ("train", "valid", "test"):
         ours, reference = after.data.metrics[f"{split}_ppl"], uninterrupted[f"{split}_ppl"]
         assert abs(ours / reference - 1) < 0.01, (split, ours, reference)
@@ -317,63 +317,61 @@ def processes_naming(path: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_a_sweep_kills_its_parent_run_and_the_same_command_finishes_it(
-    how: signal.Signals, brown_path: Path, tmp_path: Path
+def test_signals_to_sweeps_kill_their_runs_and_the_runs_they_resumed_and_the_same_command_finishes_them(
+    brown_path: Path, tmp_path: Path
 ) -> None:
-    """SIGTERM, or SIGINT to the launching process alone (not Ctrl-C, which reaches every process of the
-    terminal), while two MLP jobs train (joblib): the parent run ends KILLED, not RUNNING, and so do the jobs' runs,
-    whose workers joblib kills outright: none is left. The same command resumes them and finishes every job, and
-    nothing is left running."""
+    """SIGINT to the launching process alone (not Ctrl-C, which reaches every process of the terminal) while two MLP
+    jobs train (joblib), once both have saved epoch 1's checkpoint: the parent run ends KILLED, not RUNNING, and so do
+    the jobs' runs, whose workers joblib kills outright: none is left. A second sweep that differs from the first (it
+    adds a seed) resumes those two runs, which keep their first parent; SIGTERM on it while they train: its parent
+    and the resumed runs end KILLED too, the resumed ones found by their tag `resumed_in`. The second sweep's command
+    again resumes its parent run and finishes every job, and nothing is left running."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1"]
-    sweep += [f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8", "seed=1,2", f"tracking.uri={uri}"]
-    sweep += ["trainer.max_epochs=2", "trainer.enable_progress_bar=false"]
-    stopped = stop_when(sweep, tmp_path, lambda: running(uri) >= 3, how)  # the parent and both jobs
-    assert stopped.returncode == 130
-    assert stopped.stderr.strip().splitlines()[-1] == STOPPED
-    assert processes_naming(tmp_path) == []
-    by_seed = {r.data.params.get("seed", "parent"): r for r in runs(uri)}
-    assert by_seed.pop("parent").info.status == "KILLED"
-    assert {r.info.status for r in by_seed.values()} == {"KILLED"}
-    with pytest.raises(NplmError, match=r"no finished runs .*\(2 KILLED\)"):  # never numbers for them
-        build(uri, "brown", "brown_table1")
-
-    again = run_command(sweep, cwd=tmp_path, timeout=600)
-    assert again.returncode == 0, stderr_tail(again)
-    after = runs(uri)
-    assert [r.info.status for r in after if r.data.tags.get("sweep")] == ["FINISHED"]  # the same parent run
-    finished = sorted(r.data.params["seed"] for r in after if r.info.status == "FINISHED" and "seed" in r.data.params)
-    assert finished == ["1", "2"] and {r.info.status for r in after} <= {"FINISHED", "KILLED"}  # none RUNNING
-
-
-@pytest.mark.slow
-def test_sigterm_on_a_sweep_kills_the_runs_it_resumed_from_an_earlier_sweep(brown_path: Path, tmp_path: Path) -> None:
-    """A sweep that differs from the one that started a run (here it adds a seed) resumes that run, which keeps its
-    first parent. SIGTERM on the second sweep: joblib kills its workers outright, and the resumed run ends KILLED
-    too, found by its tag `resumed_in`. It used to stay RUNNING, with nothing running it."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    base = [NPLM_TRAIN, "-m", "study=brown_table1", f"data.path={brown_path}", *SLICE, "experiment=mlp3", "model.m=8"]
-    base += [f"tracking.uri={uri}", "trainer.max_epochs=6", "trainer.enable_progress_bar=false"]
+    sweep = [NPLM_TRAIN, "-cd", str(SWEEPS), "-cn", "brown_table1", f"data.path={brown_path}", *SLICE]
+    sweep += ["experiment=mlp3", "model.m=8", f"tracking.uri={uri}"]
+    sweep += ["trainer.max_epochs=3", "trainer.enable_progress_bar=false"]
 
     def checkpointed() -> bool:
+        """Both jobs have saved epoch 1's checkpoint: the second sweep resumes both runs."""
         dirs = [Path(r.data.tags["checkpoint_dir"]) for r in runs_if_any(uri) if "checkpoint_dir" in r.data.tags]
-        return any((d / "last.ckpt").is_file() for d in dirs)
+        return sum((d / "last.ckpt").is_file() for d in dirs) == 2
 
-    def stopped(seeds: str, ready: Callable[[], bool]) -> None:
-        result = stop_when([*base, f"seed={seeds}"], tmp_path, ready)
-        assert result.returncode == 130 and result.stderr.strip().splitlines()[-1] == STOPPED, result.stderr[-3000:]
+    def parents() -> list[mlflow.entities.Run]:
+        return sorted((r for r in runs(uri) if r.data.tags.get("sweep")), key=lambda r: r.info.start_time)
 
-    stopped("1", checkpointed)
-    (first,) = [r for r in runs(uri) if "seed" in r.data.params]
-    stopped("1,2", lambda: running(uri) == 3)
+    def stopped(seeds: str, ready: Callable[[], bool], how: signal.Signals) -> dict[str, mlflow.entities.Run]:
+        """The sweep of these seeds stopped by `how` once `ready()`; its jobs' runs by seed, each checked KILLED."""
+        result = stop_when([*sweep, f"seed={seeds}"], tmp_path, ready, how)
+        assert result.returncode == 130, stderr_tail(result)
+        assert result.stderr.strip().splitlines()[-1] == STOPPED
+        assert processes_naming(tmp_path) == []
+        assert parents()[-1].info.status == "KILLED"
+        by_seed = {r.data.params["seed"]: r for r in runs(uri) if "seed" in r.data.params}
+        assert {r.info.status for r in by_seed.values()} == {"KILLED"}
+        with pytest.raises(NplmError, match=r"no finished runs .*\(2 KILLED\)"):  # never numbers for them
+            build(uri, "brown", "brown_table1")
+        return by_seed
+
+    first = stopped("1,2", checkpointed, signal.SIGINT)
+    assert sorted(first) == ["1", "2"] and len(parents()) == 1
+    second = stopped("1,2,3", lambda: running(uri) == 3, signal.SIGTERM)  # its parent and the two resumed runs
+    (first_parent, second_parent) = parents()
+    assert [r.info.status for r in runs(uri) if r.info.status == "RUNNING"] == []
+    for seed in ("1", "2"):  # the same runs, resumed by the second sweep, which kept their first parent
+        resumed = second[seed]
+        assert resumed.info.run_id == first[seed].info.run_id and resumed.info.status == "KILLED"
+        assert resumed.data.tags["resumed_in"] == second_parent.info.run_id
+        assert resumed.data.tags["mlflow.parentRunId"] == first_parent.info.run_id != second_parent.info.run_id
+
+    again = run_command([*sweep, "seed=1,2,3"], cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, stderr_tail(again)
     after = runs(uri)
-    second_parent = max((r for r in after if r.data.tags.get("sweep")), key=lambda r: r.info.start_time)
-    resumed = MlflowClient(uri).get_run(first.info.run_id)
-    assert [r.info.status for r in after if r.info.status == "RUNNING"] == []
-    assert resumed.info.status == "KILLED"
-    assert resumed.data.tags["resumed_in"] == second_parent.info.run_id  # resumed by the second sweep
-    assert resumed.data.tags["mlflow.parentRunId"] != second_parent.info.run_id
+    assert [(r.info.run_id, r.info.status) for r in parents()] == [  # the same parent run
+        (first_parent.info.run_id, "KILLED"),
+        (second_parent.info.run_id, "FINISHED"),
+    ]
+    finished = sorted(r.data.params["seed"] for r in after if r.info.status == "FINISHED" and "seed" in r.data.params)
+    assert finished == ["1", "2", "3"] and {r.info.status for r in after} <= {"FINISHED", "KILLED"}  # none RUNNING
 
 
 @pytest.mark.parametrize(

@@ -462,7 +462,8 @@ def test_an_out_that_cannot_be_a_directory_is_one_line_before_the_store_is_read(
 def test_an_unexpected_error_of_nplm_report_names_its_own_traceback_switch(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
-    """HYDRA_FULL_ERROR means nothing to nplm-report, which is not a Hydra command: NPLM_FULL_ERROR is its switch."""
+    """HYDRA_FULL_ERROR means nothing to nplm-report, which is not a Hydra command: NPLM_FULL_ERROR is its switch. (A
+    study that makes no claims: its jobs are not composed to check them before the report is built.)"""
 
     def broken(*args: object) -> Report:
         raise RuntimeError("a bug")
@@ -470,7 +471,7 @@ def test_an_unexpected_error_of_nplm_report_names_its_own_traceback_switch(
     monkeypatch.setattr(report, "build", broken)
     monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # restored after the test: the CLI wrapper sets it
     monkeypatch.delenv("NPLM_FULL_ERROR", raising=False)
-    monkeypatch.setattr(sys, "argv", ["nplm-report", "--out", str(tmp_path / "reports")])
+    monkeypatch.setattr(sys, "argv", ["nplm-report", "--study", "grid", "--out", str(tmp_path / "reports")])
     with pytest.raises(SystemExit) as exit_:
         report.main()
     assert exit_.value.code == 1

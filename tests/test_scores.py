@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,14 +10,14 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from helpers import SLICE, Done, composed, console_script, slice_texts
+from helpers import SLICE, Done, composed, run_script, slice_texts
 from mlflow.tracking import MlflowClient
 
 from nplm_repro.score import Tally, per_token_file
 from nplm_repro.scores import ARTIFACT
-from nplm_repro.tracking import ledger
-from nplm_repro.storage.kept import kept_scores
 from nplm_repro.serving.scoring import RunScorer
+from nplm_repro.storage.kept import kept_scores
+from nplm_repro.tracking import ledger
 
 TINY = ["trainer.max_epochs=2", "trainer.limit_train_batches=5", "seed=3"]
 ROWS = {"kn3": "Kneser-Ney back-off", "mlp5": "MLP5", "del_int": "Del. Int.", "mlp6": "MLP6"}
@@ -26,19 +25,20 @@ ROWS = {"kn3": "Kneser-Ney back-off", "mlp5": "MLP5", "del_int": "Del. Int.", "m
 
 @pytest.fixture(scope="module")
 def store(brown_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, str]]:
-    """kn3, MLP5 (two short epochs), Del. Int. and MLP6 mixing the two, on 28k tokens of Brown (its texts ca01..ca13 in a folder);
-    returns the folder, the store and each row's run id."""
+    """kn3, MLP5 (two short epochs), Del. Int. and MLP6 mixing the two, on 28k tokens of Brown (its texts ca01..ca13 in
+    a folder); and MLP1 stopped after 3 steps, before its first validation (so without weights), with MLP2 mixing it
+    and Del. Int. Returns the folder, the store and each row's run id."""
     workdir = tmp_path_factory.mktemp("scores")
     uri = f"sqlite:///{workdir}/mlflow.db"
     slice_texts(brown_path, workdir)
     common = [f"data.path={workdir / 'brown'}", *SLICE, *TINY, f"tracking.uri={uri}"]
+    common.append(f"callbacks.model_checkpoint.dirpath={workdir}/c")
+    stopped = {"mlp1": ["model.h=16", "model.m=16", "trainer.max_steps=3"]}
     ids = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(workdir)  # MLflow keeps artifacts under ./mlruns
-        for row in ROWS:
-            ids[row] = ledger.run(
-                composed(f"experiment={row}", *common, f"callbacks.model_checkpoint.dirpath={workdir}/c")
-            )[0]
+        for row in (*ROWS, "mlp1", "mlp2"):
+            ids[row] = ledger.run(composed(f"experiment={row}", *common, *stopped.get(row, [])))[0]
     return workdir, uri, ids
 
 
@@ -94,7 +94,7 @@ def test_a_long_text_is_scored_in_parts_each_token_as_in_the_whole_text(
     time, each with the `reach` tokens before it that its family's scores read (eq. (1)'s n - 1, an n-gram's, the
     farthest of a mixture's parts): every score, count and per-token row is the whole text's, and the memory a 50 MB
     text takes no longer holds every token's arrays at once (docs/performance.md)."""
-    workdir, uri, ids = store
+    _, uri, ids = store
     text = tmp_path / "long.txt"
     paragraphs = "The jury said the Zorblax election was held.\n\nIt said that Fulton County had no trouble.\n\n"
     text.write_text(paragraphs * 12)
@@ -123,8 +123,7 @@ def test_nplm_score_prints_what_was_counted_and_writes_every_tokens_score(
 ) -> None:
     workdir, uri, ids = store
     per_token = tmp_path / "test.tsv"
-    command = [console_script("nplm-score"), ids["mlp5"], "--tracking-uri", uri, "--per-token", str(per_token)]
-    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True)  # the command as users run it
+    done = run_script("nplm-score", ids["mlp5"], "--tracking-uri", uri, "--per-token", str(per_token), cwd=workdir)
     assert done.returncode == 0, done.stderr
     line = done.stdout.split("\n")[0]  # then the same without <unk>
     ppl = MlflowClient(uri).get_run(ids["mlp5"]).data.metrics["test_ppl"]
@@ -167,22 +166,23 @@ def test_log_attaches_kept_scores_to_a_run_made_before_runs_kept_them(
     assert done.returncode == 0 and "already keeps its scores: nothing to do" in done.stdout
 
 
-def test_a_mixed_row_mixes_an_mlp_stopped_before_its_first_validation(brown_path: Path, tmp_path: Path) -> None:
-    """Such an MLP has no best.ckpt: it was scored with its last weights, and its kept scores are what MLP2 mixes."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    common = [
-        f"data.path={brown_path}",
-        *SLICE,
-        f"tracking.uri={uri}",
-        f"callbacks.model_checkpoint.dirpath={tmp_path}",
-    ]
-    ledger.run(composed("experiment=mlp1", *common, "model.h=16", "model.m=16", "trainer.max_steps=3"))
-    ledger.run(composed("experiment=del_int", *common))
-    run_id, metrics = ledger.run(composed("experiment=mlp2", *common))
+def test_a_mixed_row_mixes_an_mlp_stopped_before_its_first_validation_which_cannot_be_scored_again(
+    store: tuple[Path, str, dict[str, str]], score: Callable[..., Done]
+) -> None:
+    """Such an MLP has no best.ckpt: it was scored with its last weights, and its kept scores are what MLP2 mixes.
+    Once its kept scores are gone it cannot be scored again, and nplm-score says why in one line."""
+    workdir, uri, ids = store
     client = MlflowClient(uri)
-    base = client.get_run(run_id).data.tags["base_run_id"].split(",")[0]
+    base = client.get_run(ids["mlp2"]).data.tags["base_run_id"].split(",")[0]
+    assert base == ids["mlp1"]
     assert "checkpoints" not in {f.path for f in client.list_artifacts(base)}
-    assert metrics["component_1_test_ppl"] == pytest.approx(client.get_run(base).data.metrics["test_ppl"], rel=1e-6)
+    mixed = client.get_run(ids["mlp2"]).data.metrics["component_1_test_ppl"]
+    assert mixed == pytest.approx(client.get_run(base).data.metrics["test_ppl"], rel=1e-6)
+    scores_file(uri, base).unlink()
+    done = score(workdir, base, "--tracking-uri", uri, "--log")
+    assert done.returncode == 2 and "has no weights, neither a Model nor checkpoints/best.ckpt" in done.stderr, (
+        done.stderr
+    )
 
 
 def test_bad_input_is_one_line_and_exit_2(
@@ -205,22 +205,6 @@ def test_bad_input_is_one_line_and_exit_2(
     done = score(workdir, ids["kn3"], "--tracking-uri", f"sqlite:///{tmp_path}/none.db")
     assert done.returncode == 2 and "no tracking store at" in done.stderr
     assert not (tmp_path / "none.db").exists()
-
-
-def test_an_mlp_without_its_weights_says_so_when_scored_again(
-    brown_path: Path, tmp_path: Path, score: Callable[..., Done]
-) -> None:
-    """An MLP stopped before its first validation has no checkpoint: once its kept scores are gone, it cannot be
-    scored again, and nplm-score says why in one line."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = [f"data.path={brown_path}", *SLICE, "model.h=16", "model.m=16", "trainer.max_steps=3"]
-    checkpoints = f"callbacks.model_checkpoint.dirpath={tmp_path}"
-    run_id, _ = ledger.run(composed("experiment=mlp5", *overrides, f"tracking.uri={uri}", checkpoints))
-    scores_file(uri, run_id).unlink()
-    done = score(tmp_path, run_id, "--tracking-uri", uri, "--log")
-    assert done.returncode == 2 and "has no weights, neither a Model nor checkpoints/best.ckpt" in done.stderr, (
-        done.stderr
-    )
 
 
 def test_generate_continues_a_prompt_the_same_for_a_seed(

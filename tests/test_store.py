@@ -14,10 +14,10 @@ from mlflow.store.db.utils import _get_alembic_config
 from mlflow.store.tracking.dbmodels.initial_models import Base as InitialBase
 
 from nplm_repro.errors import NplmError
-from nplm_repro.storage import locks
-from nplm_repro.tracking.ledger import own_dir
 from nplm_repro.serving.served import model_of
+from nplm_repro.storage import locks
 from nplm_repro.storage.store import check_store
+from nplm_repro.tracking.ledger import own_dir
 
 ROWS = ["del_int", "kn3", "kn4", "kn5"]
 
@@ -117,8 +117,8 @@ def test_a_store_left_mid_upgrade_is_repaired_and_keeps_its_runs(brown_path: Pat
     store_left_mid_upgrade(tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = [f"data.path={brown_path}", *SLICE, "experiment=del_int", f"tracking.uri={uri}"]
-    ((code, stderr),) = at_once([["nplm-train", *command, f"hydra.run.dir={tmp_path}/run"]], tmp_path)
-    assert code == 0, stderr[-2000:]
+    result = run_script("nplm-train", *command, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
     said = (tmp_path / "run" / "train.log").read_text()
     assert "dropped _alembic_tmp_latest_metrics, left by an interrupted MLflow upgrade" in said
     client = mlflow.MlflowClient(uri)

@@ -23,9 +23,9 @@ from nplm_repro.studies import (
     row_name,
     study_file,
 )
+from nplm_repro.sweeping.sweep import check_declaration
 from nplm_repro.tracking.keys import config_key, model_key
 from nplm_repro.tracking.study_rows import study_rows
-from nplm_repro.sweeping.sweep import check_declaration
 
 STUDIES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 
@@ -174,7 +174,7 @@ ON_TINY = [  # the example on the tiny corpus: its splits, one epoch, two seeds
 ]
 
 
-@pytest.mark.slow  # about 40 s: four one-epoch jobs
+@pytest.mark.slow  # about 20 s: four one-epoch jobs
 def test_a_users_own_study_is_one_file_and_ends_in_its_report(tiny_brown_path: Path, tmp_path: Path) -> None:
     """docs/studies.md's study file, outside sweeps/ (Hydra's search path): its report written when its sweep ends
     and again by `nplm-report --study FILE`, with its rows, their 95% intervals and the verdict of its claim."""
@@ -182,7 +182,7 @@ def test_a_users_own_study_is_one_file_and_ends_in_its_report(tiny_brown_path: P
     assert f"```yaml\n{study.read_text()}```" in (ROOT / "docs" / "studies.md").read_text()  # as the docs show it
     result = run_script(
         "nplm-train", "-m", f"hydra.searchpath=[file://{EXAMPLES}]", "study=m100", f"data.path={tiny_brown_path}",
-        f"tracking.uri={uri}", *ON_TINY, cwd=tmp_path, timeout=600,
+        "hydra/launcher=basic", f"tracking.uri={uri}", *ON_TINY, cwd=tmp_path, timeout=600,  # no joblib workers
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     again = run_script(
@@ -200,7 +200,7 @@ def test_a_users_own_study_is_one_file_and_ends_in_its_report(tiny_brown_path: P
         assert "## My question" in text and (report.parent / "m100_m.png").is_file()
 
 
-@pytest.mark.slow  # about 45 s: three small LSTMs, two epochs each
+@pytest.mark.slow  # about 20 s: three small LSTMs, two epochs each
 def test_brown_lstm_sampled_compares_the_three_output_layers_trained_alike(
     tiny_brown_path: Path, tmp_path: Path
 ) -> None:
@@ -215,7 +215,8 @@ def test_brown_lstm_sampled_compares_the_three_output_layers_trained_alike(
     (tmp_path / "own" / "study" / "small_lstm_sampled.yaml").write_text("# @package _global_\n" + yaml.safe_dump(study))
     result = run_script(
         "nplm-train", "-m", f"hydra.searchpath=[file://{tmp_path / 'own'}]", "study=small_lstm_sampled",
-        f"data.path={tiny_brown_path}", "data.split.train=5000", "data.split.valid=1000", "data.split.test=1000",
+        "hydra/launcher=basic", f"data.path={tiny_brown_path}",  # its jobs one after another, no joblib workers
+        "data.split.train=5000", "data.split.valid=1000", "data.split.test=1000",
         f"tracking.uri=sqlite:///{tmp_path}/m.db", cwd=tmp_path, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -24,20 +24,22 @@ from omegaconf import OmegaConf
 from nplm_repro.errors import NplmError
 from nplm_repro.paper import paper_table
 from nplm_repro.reporting.tables import build
-from nplm_repro.tracking.config_checks import check_config
 from nplm_repro.storage.locks import model_lock
 from nplm_repro.sweeping.sweep import sweep_key, swept
+from nplm_repro.tracking.config_checks import check_config
 
 TINY_MLP = ["trainer.max_epochs=1", "trainer.limit_train_batches=5"]
 STAMP = "%Y-%m-%d %H:%M:%S,%f"
 ROWS = "experiment=mlp3,kn3,del_int,mlp4"  # MLP4 mixes MLP3's model with the trigram
 
 
-def nplm_sweep(workdir: Path, study: str, *overrides: str, env: dict[str, str] | None = None) -> str:
-    """The documented command, run as a user runs it; returns its output (stdout and stderr) and, after it, what its
-    jobs wrote to their own logs (joblib's jobs write there, not to the terminal)."""
+def nplm_sweep(workdir: Path, study: str | None, *overrides: str, env: dict[str, str] | None = None) -> str:
+    """The documented command (`-m study=<study>`, or `-m` alone for `study` None), run as a user runs it; returns
+    its output (stdout and stderr) and, after it, what its jobs wrote to their own logs (joblib's jobs write there,
+    not to the terminal)."""
     before = set(workdir.glob("multirun/*/*"))
-    result = run_script("nplm-train", "-m", f"study={study}", *overrides, cwd=workdir, timeout=600, env=env)
+    chosen = [f"study={study}"] if study is not None else []
+    result = run_script("nplm-train", "-m", *chosen, *overrides, cwd=workdir, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     new = sorted(set(workdir.glob("multirun/*/*")) - before)
     return result.stdout + result.stderr + "".join(p.read_text() for d in new for p in sorted(d.glob("*/output.log")))
@@ -59,23 +61,6 @@ def job_logs(workdir: Path, first_sweep_only: bool = False) -> list[str]:
     """The jobs' log files (Hydra's job logging), of every sweep run in `workdir` or of the first one."""
     sweeps = sorted(workdir.glob("multirun/*/*"))[: 1 if first_sweep_only else None]
     return [p.read_text() for d in sweeps for p in sorted(d.glob("*/train.log"))]
-
-
-@pytest.mark.slow
-def test_sweep_nests_its_jobs_and_a_second_run_skips_them(brown_path: Path, tmp_path: Path) -> None:
-    """Two n-gram rows one after the other (Hydra's basic launcher), the same command twice."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    overrides = ["hydra/launcher=basic", "experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
-    nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
-    parent, jobs = split(runs_of(uri))
-    assert parent["status"] == "FINISHED" and parent["tags.study"] == "brown_table1"
-    assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
-    assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["tags.study"] == "brown_table1").all()
-    report = (tmp_path / "reports" / "brown_table1.md").read_text()  # the sweep ends by writing its report
-    for row in ("Del. Int.", "Kneser-Ney back-off"):  # " (+dirty)" after the row when run from a changed work tree
-        assert re.search(rf"\| {re.escape(row)}( \(\+dirty\))? +\| +3 \|", report), report
-    output = nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
-    assert output.count("skipped: run") == 2 and len(runs_of(uri)) == 3
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +246,11 @@ def ready(url: str) -> bool:
 
 
 @pytest.mark.slow
-def test_plain_multirun_has_a_parent_run_with_the_values_it_sweeps(brown_path: Path, tmp_path: Path) -> None:
-    """`-m` without a study: the jobs are nested under a parent run all the same (no callback warning)."""
+def test_plain_multirun_has_a_parent_run_with_the_values_it_sweeps_and_a_second_run_skips_its_jobs(
+    brown_path: Path, tmp_path: Path
+) -> None:
+    """`-m` without a study: the jobs (two n-gram rows one after the other, Hydra's basic launcher) are nested under
+    a parent run all the same (no callback warning); the same command again skips both."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     command = ["-m", "experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K, f"tracking.uri={uri}"]
     result = run_script("nplm-train", *command, cwd=tmp_path, timeout=600)
@@ -272,6 +260,8 @@ def test_plain_multirun_has_a_parent_run_with_the_values_it_sweeps(brown_path: P
     assert parent["tags.sweeper"].endswith("RowsFirst") and parent["tags.study"] == ""  # the basic one, ordered
     assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
     assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["status"] == "FINISHED").all()
+    output = nplm_sweep(tmp_path, None, *command[1:])
+    assert output.count("skipped: run") == 2 and len(runs_of(uri)) == 3
 
 
 def test_the_parent_records_what_the_command_line_makes_of_the_swept_values() -> None:
@@ -352,14 +342,20 @@ def test_rerun_true_runs_every_job_again(table: tuple[Path, str, list[str]]) -> 
 
 @pytest.mark.slow
 def test_submitit_local_executor_nests_and_resumes(brown_path: Path, tmp_path: Path) -> None:
-    """The SLURM launcher's code path (hydra-submitit-launcher) with submitit's local executor."""
+    """The SLURM launcher's code path (hydra-submitit-launcher) with submitit's local executor: two n-gram rows of
+    a study, nested under its parent run, the study's report written when they end; the same command again skips
+    them."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     overrides = ["hydra/launcher=slurm_local", "experiment=kn3,del_int", f"data.path={brown_path}", *SLICE_5K]
     nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
     parent, jobs = split(runs_of(uri))
     assert parent["tags.launcher"].endswith("submitit_launcher.LocalLauncher") and parent["status"] == "FINISHED"
+    assert parent["tags.study"] == "brown_table1" and (jobs["tags.study"] == "brown_table1").all()
     assert sorted(jobs["tags.row"]) == ["Del. Int.", "Kneser-Ney back-off"]
     assert (jobs["tags.mlflow.parentRunId"] == parent["run_id"]).all() and (jobs["status"] == "FINISHED").all()
+    report = (tmp_path / "reports" / "brown_table1.md").read_text()  # the sweep ends by writing its report
+    for row in ("Del. Int.", "Kneser-Ney back-off"):  # " (+dirty)" after the row when run from a changed work tree
+        assert re.search(rf"\| {re.escape(row)}( \(\+dirty\))? +\| +3 \|", report), report
     assert list(Path(parent["tags.sweep_dir"]).glob(".submitit/*"))  # the jobs went through submitit
     assert len(logs := job_logs(tmp_path)) == 2 and all("torch threads 1" in log for log in logs)  # cpus_per_task: 1
     nplm_sweep(tmp_path, "brown_table1", *overrides, f"tracking.uri={uri}")
@@ -530,22 +526,3 @@ def test_brown_recipe_runs_its_steps_and_its_report_orders_them(brown_path: Path
     assert re.search(drop, report), report
     assert re.search(r"\| 1\. batch 256 +\| .+ \| not run +\|", report), report
     assert "MLP5, optim=paper: valid" in report and "brown_recipe_valid_by_epoch.png" in report
-
-
-@pytest.mark.slow  # about 40 s
-def test_the_quickstart_ends_in_its_report_with_the_claims_it_checks(brown_path: Path, tmp_path: Path) -> None:
-    """README's first command, on a slice of Brown and one epoch: its four rows, then reports/quickstart.md beside
-    the paper's numbers, every claim judged (holds, fails or inconclusive: never "not measured")."""
-    overrides = [
-        f"data.path={brown_path}",
-        *SLICE_5K,
-        "trainer.max_epochs=1",
-        f"tracking.uri=sqlite:///{tmp_path}/m.db",
-    ]
-    output = nplm_sweep(tmp_path, "quickstart", *overrides)
-    assert "report: reports/quickstart.md" in output and "mlflow ui --backend-store-uri" in output
-    report = (tmp_path / "reports" / "quickstart.md").read_text()
-    for row in ("MLP9", "MLP10", "Del. Int.", "Kneser-Ney back-off"):
-        assert re.search(rf"^\| {re.escape(row)}( \(\+dirty\))? +\|", report, re.MULTILINE), row
-    claims = re.findall(r"^- \*\*(.+)\*\*: (\w+)", report, re.MULTILINE)
-    assert len(claims) == 3 and all(verdict in ("holds", "fails", "inconclusive") for _, verdict in claims), claims

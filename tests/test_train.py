@@ -16,11 +16,11 @@ from nplm_repro.data.brown import prepare_brown
 from nplm_repro.data.corpus import END_OF_TEXT, Corpus
 from nplm_repro.data.splits import SPLITS
 from nplm_repro.data.windows import loader
-from nplm_repro.storage.kept import kept_scores
-from nplm_repro.tracking.records import flat_params
 from nplm_repro.serving.scoring import RunScorer
 from nplm_repro.serving.served import model_of
+from nplm_repro.storage.kept import kept_scores
 from nplm_repro.storage.store import EXPERIMENT_KIND
+from nplm_repro.tracking.records import flat_params
 
 SMALL = [*SLICE, "model.m=8", "trainer.max_epochs=2", "seed=7"]
 DIRPATH = "callbacks.model_checkpoint.dirpath=checkpoints"  # outside a Hydra job, which would set it
@@ -149,19 +149,27 @@ def test_test_loop_scores_every_token(tiny_brown_path: Path) -> None:
     assert sum(len(target) for _, target in batches) == 700
 
 
-@pytest.mark.parametrize(
-    "experiment,row,n",
-    [("del_int", "Del. Int.", "3"), pytest.param("kn4", "Kneser-Ney back-off", "4", marks=pytest.mark.slow)],
-)
-def test_ngram_rows_run_through_the_same_entry_point(
-    experiment: str, row: str, n: str, brown_path: Path, tmp_path: Path
-) -> None:
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    args = [f"data.path={brown_path}", *SLICE, f"experiment={experiment}", f"tracking.uri={uri}"]
-    result = run_script("nplm-train", *args, cwd=tmp_path)
+def ngram_args(experiment: str, brown_path: Path, uri: str) -> list[str]:
+    """`nplm-train`'s overrides for an n-gram row on the usual slice of Brown, into the store at `uri`."""
+    return [f"data.path={brown_path}", *SLICE, f"experiment={experiment}", f"tracking.uri={uri}"]
+
+
+@pytest.fixture(scope="module")
+def trigram(trained: tuple[Path, str], brown_path: Path) -> list[str]:
+    """Del. Int. on the same slice, seed 7, into the store of `trained`'s MLP3 (the run MLP4 mixes with it): the
+    overrides it ran with."""
+    workdir, uri = trained
+    args = [*ngram_args("del_int", brown_path, uri), "seed=7"]
+    result = run_script("nplm-train", *args, cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
+    return args
+
+
+def assert_an_ngram_row(uri: str, args: list[str], row: str, n: str, brown_path: Path) -> None:
+    """The store's one run of `row`, made by `nplm-train` with `args`: finished and scored on the slice, with only
+    the params a count depends on."""
     mlflow.set_tracking_uri(uri)
-    run = mlflow.search_runs(experiment_names=["brown"]).iloc[0]
+    (run,) = [run for _, run in mlflow.search_runs(experiment_names=["brown"]).iterrows() if run["tags.row"] == row]
     assert run["status"] == "FINISHED" and run["tags.row"] == row and run["params.model.n"] == n
     corpus = prepare_brown(str(brown_path), train=20000, valid=4000, test=4000)
     assert run["tags.data_fingerprint"] == corpus.fingerprint
@@ -179,12 +187,30 @@ def test_ngram_rows_run_through_the_same_entry_point(
     assert_recorded_as_mlflow_users_expect(logged, uri, brown_path, corpus.fingerprint)
 
 
+def test_an_interpolated_trigram_row_runs_through_the_same_entry_point(
+    trained: tuple[Path, str], trigram: list[str], brown_path: Path
+) -> None:
+    """Del. Int. (n=3), run by `nplm-train experiment=del_int` as every row is."""
+    assert_an_ngram_row(trained[1], trigram, "Del. Int.", "3", brown_path)
+
+
 @pytest.mark.slow
-def test_mixed_rows_mix_the_mlps_run_and_the_trigrams(trained: tuple[Path, str], brown_path: Path) -> None:
+def test_a_back_off_row_runs_through_the_same_entry_point(brown_path: Path, tmp_path: Path) -> None:
+    """Kneser-Ney back-off (n=4), run by `nplm-train experiment=kn4` into a store of its own."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ngram_args("kn4", brown_path, uri)
+    result = run_script("nplm-train", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_an_ngram_row(uri, args, "Kneser-Ney back-off", "4", brown_path)
+
+
+@pytest.mark.slow
+def test_mixed_rows_mix_the_mlps_run_and_the_trigrams(
+    trained: tuple[Path, str], trigram: list[str], brown_path: Path
+) -> None:
     """MLP4 = the runs of MLP3 and Del. Int. mixed: no retraining; fixed 0.5, and EM-learned weights do no worse."""
     workdir, uri = trained
     data = [f"data.path={brown_path}", *SLICE, "seed=7", f"tracking.uri={uri}"]
-    assert run_script("nplm-train", *data, "experiment=del_int", cwd=workdir).returncode == 0
     for mode in ("fixed", "learned", "context"):
         result = run_script("nplm-train", *data, "experiment=mlp4", f"model.mode={mode}", cwd=workdir)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -214,7 +240,8 @@ def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
     workdir, _ = trained
     shutil.copy(workdir / "mlflow.db", tmp_path / "mlflow.db")  # this test's runs stay out of the module's store
     copy = f"sqlite:///{tmp_path}/mlflow.db"
-    args = ["-m", "study=brown_direct", *mlp3_args(brown_path, copy), "model.direct=true", "report=null"]
+    one_job = ["hydra/launcher=basic", "report=null"]  # its one job in the sweep's process: no joblib workers to start
+    args = ["-m", "study=brown_direct", *mlp3_args(brown_path, copy), "model.direct=true", *one_job]
     result = run_script("nplm-train", *args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "adopted: run" in sweep_output(result, tmp_path)
@@ -235,7 +262,7 @@ def test_an_mlp_trained_in_another_study_is_adopted_not_trained_again(
     assert not [a for a in client.list_artifacts(adopted.info.run_id) if a.path == "checkpoints"]  # weights not copied
     weights = [RunScorer(copy, r.info.run_id).model().model.C for r in (first, adopted)]  # nplm-score, nplm-ask
     assert torch.equal(*weights)
-    third = ["-m", "study=brown_features", *mlp3_args(brown_path, copy), "model.features=learned", "report=null"]
+    third = ["-m", "study=brown_features", *mlp3_args(brown_path, copy), "model.features=learned", *one_job]
     assert run_script("nplm-train", *third, cwd=tmp_path).returncode == 0
     (again,) = client.search_runs([first.info.experiment_id], "tags.study = 'brown_features' and tags.row = 'MLP3'")
     assert again.data.tags["adopted_from"] == first.info.run_id  # the run that trained it, not the adopted one
