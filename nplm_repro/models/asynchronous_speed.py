@@ -16,13 +16,12 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.multiprocessing as mp
 from omegaconf import DictConfig
 from torch.nn import functional as F
 
 from nplm_repro.clock import Clock
 from nplm_repro.data.corpus import Corpus
-from nplm_repro.models.parallel_speed import training_batches
+from nplm_repro.models.parallel_speed import context, start, training_batches
 from nplm_repro.models.training import build_module
 
 
@@ -31,16 +30,10 @@ def shared_rate(cfg: DictConfig, corpus: Corpus, workers: int, locked: bool) -> 
     L.seed_everything(cfg.seed, verbose=False)
     model = build_module(cfg, corpus).model
     model.share_memory()
-    context = mp.get_context("spawn")
-    lock = context.Lock() if locked else None
-    total, done, ready, results = (
-        context.Value("q", 0),
-        context.Event(),
-        context.Barrier(workers),
-        context.SimpleQueue(),
-    )
-    shared = (model, lock, total, done, ready, results)
-    mp.spawn(_steps, args=(workers, cfg, corpus, shared), nprocs=workers, join=True)
+    made = context()
+    lock = made.Lock() if locked else None
+    total, done, ready, results = made.Value("q", 0), made.Event(), made.Barrier(workers), made.SimpleQueue()
+    start(_steps, (workers, cfg, corpus, (model, lock, total, done, ready, results)), workers)
     return results.get()
 
 

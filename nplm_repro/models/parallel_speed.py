@@ -5,14 +5,16 @@ A line gives the job's tokens/s (process 0's Clock, in the bench's rounds; every
 the communication share: of the wall time of PROFILED_STEPS further steps under torch.profiler, the part spent in the
 collectives (their calls and the waits for them, `COLLECTIVES`), the paper's "communication overhead" (1/15 of an
 epoch's time on its cluster). With M = 1 the blocks are the whole layer, and DTensor's bookkeeping is the only cost
-over ordinary training. The processes are spawned and talk over gloo on this machine's loopback.
+over ordinary training. The processes talk over gloo on this machine's loopback; each line's are forked from one
+server process (`start`).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
@@ -36,12 +38,29 @@ COLLECTIVES = ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast"
 # float32 values an Allreduce sums in the `allreduce` line: one, a batch's maxima or normalisers (256), its dL/da at
 # h = 100, its dL/dx at (n - 1) m = 400, and larger, for the bandwidth
 ALLREDUCE_SIZES = (1, 256, 25_600, 102_400, 1_048_576)
+# how a line's processes start: forked from one server process where the platform has one (not Windows)
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context of the lines' processes and of what they share (queues, locks, counters)."""
+    return mp.get_context(START_METHOD)
+
+
+def start(function: Callable[..., None], args: tuple, processes: int) -> None:
+    """Run function(rank, *args) in `processes` processes and wait for them all (an error in one ends them all, as
+    torch's `spawn`). They are forked from one server process that imported this module once, for every line of the
+    command (multiprocessing's forkserver), not each started afresh: each saves the 6-7 s of CPU that importing torch
+    and Lightning takes. The server holds no threads and no tensors, so a fork of it is as clean as a new process."""
+    if START_METHOD == "forkserver":
+        mp.set_forkserver_preload([__name__])  # read when the server starts, with the first line
+    mp.start_processes(function, args=args, nprocs=processes, join=True, start_method=START_METHOD)
 
 
 def blocked_rate(cfg: DictConfig, corpus: Corpus, processes: int) -> dict[str, Any]:
     """The `parallel` line's numbers for `processes` processes (the module doc)."""
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_steps, args=(processes, _free_port(), cfg, corpus, results), nprocs=processes, join=True)
+    results = context().SimpleQueue()
+    start(_steps, (processes, _free_port(), cfg, corpus, results), processes)
     return results.get()
 
 
@@ -49,8 +68,8 @@ def allreduce_times(processes: int, sizes: tuple[int, ...] = ALLREDUCE_SIZES, re
     """The median seconds of one Allreduce (a float32 sum) of each size over `processes` processes of this machine,
     and the line a + bytes / bandwidth fitted to them (least squares): the latency a and the bandwidth, the inputs of
     docs/performance.md's projection of parameter-parallel training to more processes."""
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_allreduces, args=(processes, _free_port(), sizes, repeats, results), nprocs=processes, join=True)
+    results = context().SimpleQueue()
+    start(_allreduces, (processes, _free_port(), sizes, repeats, results), processes)
     seconds = results.get()
     fitted = np.polyfit([4.0 * size for size in sizes], seconds, 1)  # seconds = bytes / bandwidth + latency
     return {
