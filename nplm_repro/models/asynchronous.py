@@ -10,11 +10,11 @@ weights as read, without it): the paper's "first version used locks and was extr
 
 Each process takes its own steps of B words at the rate of one process (the rate is not multiplied by W as DDP's
 averaged W x B batch is). Validation waits for every process to end its part of the epoch, so each scores the
-whole validation split with the same weights; the rate's drop, early stopping and checkpoints are as under DDP. The updates interleave as the operating system
-schedules the processes, so a repeated or resumed run is not bit-identical: the run says so in its tag
-`asynchronous`. The exact softmax only (optim=fast or paper): the sampled recipe's optimiser decays each word's row
-when a step reads it, from a count of steps each process keeps of its own (models/sampled_loss.py `SparseSGD`),
-which shared rows would make wrong. On a CPU only: the processes share the machine's memory.
+whole validation split with the same weights; the rate's drop, early stopping and checkpoints are as under DDP.
+The updates interleave as the operating system schedules the processes, so a repeated or resumed run is not
+bit-identical: the run says so in its tag `asynchronous`. The exact softmax only (optim=fast or paper): the sampled
+recipe's optimiser decays each word's row when a step reads it, from a count of steps each process keeps of its own
+(models/sampled_loss.py `SparseSGD`), which shared rows would make wrong. On a CPU only: the processes share the machine's memory.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ its multiply-adds, and the model is eq. (1) trained as on one process, up to the
 This is Lightning's ModelParallelStrategy (torch's tensor parallelism on a one-dimensional mesh, gloo on a CPU, NCCL
 on GPUs). Its processes are spawned, as ddp_spawn's are, so the job (its MLflow run, its lock) stays in the process
 that started it; the strategy's own launcher would run the whole command again in each process. Under torchrun or
-several SLURM tasks each process would run the whole job, so that is refused (`check_processes`). Checkpoints are whole (rank 0 gathers the
-blocks): a run resumes with any M, or with none, and its best checkpoint is scored on one process like any run's.
+several SLURM tasks each process would run the whole job, so that is refused (`check_processes`). Checkpoints are
+whole (rank 0 gathers the blocks): a run resumes with any M, or with none, and its best checkpoint is scored on one
+process like any run's.
 """
 
 from __future__ import annotations
