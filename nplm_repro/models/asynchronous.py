@@ -14,7 +14,8 @@ whole validation split with the same weights; the rate's drop, early stopping an
 The updates interleave as the operating system schedules the processes, so a repeated or resumed run is not
 bit-identical: the run says so in its tag `asynchronous`. The exact softmax only (optim=fast or paper): the sampled
 recipe's optimiser decays each word's row when a step reads it, from a count of steps each process keeps of its own
-(models/sampled_loss.py `SparseSGD`), which shared rows would make wrong. On a CPU only: the processes share the machine's memory.
+(models/sampled_loss.py `SparseSGD`), which shared rows would make wrong. On a CPU only: the processes share the
+machine's memory.
 """
 
 from __future__ import annotations
